@@ -61,12 +61,12 @@ def module_flags(module: str) -> list[str]:
     return sorted({m for pattern in FLAG_PATTERNS for m in pattern.findall(source)})
 
 
-def model_keys(configs_dir: Path) -> dict[str, list[str]]:
-    """Keys each model's own yml sets: MaxText refuses to have them overridden."""
+def model_keys(configs_dir: Path) -> dict[str, dict]:
+    """Keys and values each model's own yml sets: MaxText refuses other values for them."""
     keys = {}
     for path in sorted((configs_dir / "models").glob("*.yml")):
         loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        keys[path.stem] = sorted(loaded)
+        keys[path.stem] = {k: v for k, v in sorted(loaded.items())}
     return keys
 
 

@@ -1,0 +1,1 @@
+"""Everything that runs on or against the TPU VM, driven by Fabric (see fabfile.py)."""

@@ -1,0 +1,27 @@
+"""Errors a user can act on: where (file and line, or the option), which key, what is wrong."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    source: str  # a file path, or the command-line option that carried the value
+    key: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.source}:{self.line}" if self.line else self.source
+        return f"{where}: {self.key}: {self.message}"
+
+
+class UserError(Exception):
+    """One or more problems found before anything was contacted or started."""
+
+    def __init__(self, problems: list[Problem] | Problem | str):
+        if isinstance(problems, (Problem, str)):
+            problems = [problems]
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))

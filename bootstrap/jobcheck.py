@@ -1,0 +1,121 @@
+"""Check MaxText keys on the laptop, in milliseconds, without MaxText installed.
+
+The facts come from bootstrap/maxtext_schema.json, generated from the real
+maxtext package by scripts/generate_maxtext_schema.py. This catches what MaxText
+would reject after minutes of setup, and the traps it would silently accept:
+RL keys at the top level and unknown keys under rl./debug.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+from .errors import Problem
+from .jobs import DEFERRED, Pipeline
+
+SCHEMA_FILE = Path(__file__).with_name("maxtext_schema.json")
+BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
+
+
+@cache
+def schema() -> dict:
+    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def _type_error(value: str, desc: dict) -> str | None:
+    """Why MaxText would reject `value` for a field described by `desc`, or None."""
+    if DEFERRED.search(value) or (desc.get("nullable") and value in ("None", "null")):
+        return None
+    kind = desc["type"]
+    if kind == "enum" and value not in desc["choices"]:
+        return f"{value!r} is not one of {', '.join(desc['choices'])}{_suggest(value, desc['choices'])}"
+    if kind == "bool" and value.lower() not in BOOL_WORDS:
+        return f"{value!r} is not a boolean (use true or false)"
+    for name, parse in (("int", int), ("float", float)):
+        if kind == name:
+            try:
+                parse(value)
+            except ValueError:
+                return f"{value!r} is not {'an integer' if name == 'int' else 'a number'}"
+    return None
+
+
+def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict[str, str], origin) -> list[Problem]:
+    """Problems with one job's MaxText args and flags; `origin(section, key)` says where each came from."""
+    facts = schema()
+    problems = []
+    version = facts["maxtext_version"]
+    if module not in facts["modules"]:
+        return [origin("module").problem("module", f"{module!r} is not a MaxText {version} entry point{_suggest(module, facts['modules'])}")]
+    fields, nested = facts["fields"], facts["nested"]
+    rl_keys = set(nested.get("rl", {}))
+    for key, value in args.items():
+        where = origin("args", key)
+        head, dot, tail = key.partition(".")
+        if dot:
+            if head not in nested:
+                problems.append(where.problem(f"args.{key}", f"{head!r} has no nested keys in MaxText {version}; nested groups are {', '.join(nested)}"))
+            elif tail not in nested[head]:
+                problems.append(
+                    where.problem(f"args.{key}", f"unknown key under {head}. (MaxText would silently ignore it){_suggest(tail, nested[head])}; valid: {', '.join(nested[head])}")
+                )
+            elif error := _type_error(value, nested[head][tail]):
+                problems.append(where.problem(f"args.{key}", error))
+            continue
+        if key in rl_keys:
+            problems.append(where.problem(f"args.{key}", f"RL setting at the top level has no effect on RL training; write it as rl.{key}"))
+        elif key in nested:
+            problems.append(where.problem(f"args.{key}", f"a group, not a value; set its keys as {key}.NAME ({', '.join(nested[key])})"))
+        elif key not in fields:
+            problems.append(where.problem(f"args.{key}", f"not a MaxText {version} config key{_suggest(key, fields)}"))
+        elif error := _type_error(value, fields[key]):
+            problems.append(where.problem(f"args.{key}", error))
+    problems += _check_model_keys(args, origin)
+    allowed = facts["modules"][module]["flags"]
+    for flag in flags:
+        if flag not in allowed:
+            owners = [m for m, info in facts["modules"].items() if flag in info["flags"]]
+            hint = f"it belongs to {', '.join(owners)}" if owners else f"{module} accepts {', '.join('--' + f for f in allowed) or 'no flags'}"
+            problems.append(origin("flags", flag).problem(f"flags.{flag}", f"--{flag} is not a flag of {module}; {hint}"))
+    return problems
+
+
+def _check_model_keys(args: dict[str, str], origin) -> list[Problem]:
+    """MaxText refuses a different value for a key the model's own yml sets, unless override_model_config."""
+    model = args.get("model_name", "default").replace("-Instruct", "")
+    owned = schema()["model_keys"].get(model, {})
+    if args.get("override_model_config", "false").lower() in ("true", "1"):
+        return []
+    return [
+        origin("args", key).problem(
+            f"args.{key}", f"{model}.yml (MaxText's model config) sets it to {owned[key]!r}; add override_model_config=True to change it"
+        )
+        for key, value in args.items()
+        if key in owned and yaml.safe_load(value) != owned[key]
+    ]
+
+
+def check_pipeline(pipeline: Pipeline) -> list[Problem]:
+    problems = []
+    for name, job in pipeline.jobs.items():
+        problems += check_job_args(name, job.spec.module, job.spec.args, job.spec.flags, job.origin)
+    models = {name: job.spec.args["model_name"] for name, job in pipeline.jobs.items() if "model_name" in job.spec.args}
+    first = next(iter(models.items()), None)
+    for name, model in models.items():
+        if first and model != first[1]:
+            problems.append(
+                pipeline.jobs[name].origin("args", "model_name").problem(
+                    "args.model_name", f"{model!r} differs from {first[0]}'s {first[1]!r}; export would ship the wrong tokenizer and config"
+                )
+            )
+    return problems

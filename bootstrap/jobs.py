@@ -1,0 +1,276 @@
+"""Turn jobs/*.yaml (plus --arg overrides) into the exact commands that run on the VM.
+
+Loading checks the YAML structure, applies overrides, resolves ${variables} and
+orders the jobs by their `needs`. Every problem names the file (and line) or the
+--arg that caused it, and all of them are reported at once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from . import yamlfile
+from .errors import Problem, UserError
+from .spec import JobSpec, PipelineSpec
+
+PIPELINE_FILE = "pipeline.yaml"
+VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Looked up on the VM when the job starts (see bootstrap/remote/jobrunner.py).
+DEFERRED = re.compile(r"\$\{(hostname|latest_step:[^{}]+)\}")
+PROVIDED_VARS = ("run_name", "venv", "worker_id", "worker_hostnames")
+OVERRIDE_SECTIONS = ("args", "flags", "env")
+
+
+@dataclass
+class Origin:
+    """Where a value came from: a file and line, or a --arg option."""
+
+    source: str
+    line: int | None = None
+
+    def problem(self, key: str, message: str) -> Problem:
+        return Problem(self.source, key, message, self.line)
+
+
+@dataclass
+class Loaded:
+    """A parsed YAML document with the origins of its values."""
+
+    path: Path
+    data: dict
+    lines: yamlfile.Lines
+    overridden: dict[tuple[str, ...], str] = field(default_factory=dict)
+
+    def origin(self, *path: str) -> Origin:
+        for depth in range(len(path), 0, -1):
+            if path[:depth] in self.overridden:
+                return Origin(self.overridden[path[:depth]])
+            if path[:depth] in self.lines:
+                return Origin(str(self.path), self.lines[path[:depth]])
+        return Origin(str(self.path), None)
+
+
+@dataclass
+class Job:
+    name: str
+    spec: JobSpec
+    doc: Loaded
+
+    def origin(self, *path: str) -> Origin:
+        return self.doc.origin(*path)
+
+
+@dataclass
+class Pipeline:
+    directory: Path
+    spec: PipelineSpec
+    doc: Loaded
+    jobs: dict[str, Job]  # in run order
+
+
+@dataclass
+class RenderedJob:
+    """A job as it runs: argv, environment, and the paths that decide whether it is done."""
+
+    name: str
+    description: str
+    module: str
+    argv: list[str]
+    env: dict[str, str]
+    secrets: list[str]
+    cwd: str
+    needs: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    progress: dict | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _validate(model, doc: Loaded, problems: list[Problem]):
+    try:
+        return model.model_validate(doc.data)
+    except ValidationError as err:
+        for e in err.errors():
+            path = tuple(str(p) for p in e["loc"])
+            message = "unknown key (not part of the schema)" if e["type"] == "extra_forbidden" else e["msg"]
+            problems.append(doc.origin(*path).problem(".".join(path), message))
+        return None
+
+
+def _apply_overrides(overrides: list[str], pipeline: Loaded, jobs: dict[str, Loaded], problems: list[Problem]) -> None:
+    """Apply `--arg JOB.KEY=VALUE` (or vars.NAME=VALUE); a KEY starting with -- is a flag."""
+    for text in overrides:
+        option = f"--arg {text}"
+        target, sep, value = text.partition("=")
+        name, dot, key = target.partition(".")
+        if not sep or not dot or not key:
+            problems.append(Problem(option, "--arg", "expected JOB.KEY=VALUE, e.g. --arg train.num_batches=100"))
+            continue
+        if name == "vars":
+            pipeline.data.setdefault("vars", {})[key] = value
+            pipeline.overridden[("vars", key)] = option
+            continue
+        if name not in jobs:
+            problems.append(Problem(option, name, f"no such job; use one of {', '.join(jobs)} or vars"))
+            continue
+        section, key = ("flags", key[2:]) if key.startswith("--") else ("args", key)
+        if key.startswith("env."):
+            section, key = "env", key[4:]
+        jobs[name].data.setdefault(section, {})[key] = value
+        jobs[name].overridden[(section, key)] = option
+
+
+def _resolve_vars(pipeline: Loaded, provided: dict[str, str], problems: list[Problem]) -> dict[str, str]:
+    """Resolve the shared vars against each other and fab's provided values."""
+    raw = {k: v for k, v in (pipeline.data.get("vars") or {}).items() if isinstance(v, str)}
+    resolved = dict(provided)
+    known = {**provided, **raw}
+
+    def resolve(name: str, stack: tuple[str, ...]) -> str:
+        if name in resolved:
+            return resolved[name]
+        if name in stack:
+            cycle = " -> ".join((*stack, name))
+            problems.append(pipeline.origin("vars", name).problem(f"vars.{name}", f"refers to itself: {cycle}"))
+            resolved[name] = ""
+            return ""
+        resolved[name] = substitute(raw[name], lambda ref: resolve(ref, (*stack, name)), pipeline.origin("vars", name), f"vars.{name}", problems, known)
+        return resolved[name]
+
+    for name in raw:
+        resolve(name, ())
+    return resolved
+
+
+def substitute(text: str, lookup, origin: Origin, key: str, problems: list[Problem], known) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group(1)
+        if name in known:
+            return lookup(name)
+        if DEFERRED.fullmatch(match.group(0)):
+            return match.group(0)
+        problems.append(origin.problem(key, f"undefined variable ${{{name}}}; defined: {', '.join(sorted(known))}"))
+        return match.group(0)
+
+    return VAR.sub(replace, text)
+
+
+def _order(jobs: dict[str, Job], listed: list[str], problems: list[Problem]) -> dict[str, Job]:
+    """Order jobs so that each comes after what it needs; report unknown needs and cycles."""
+    for job in jobs.values():
+        for need in job.spec.needs:
+            if need not in jobs:
+                problems.append(job.origin("needs").problem("needs", f"no job {need!r}; jobs are {', '.join(listed)}"))
+    ordered: dict[str, Job] = {}
+    visiting: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in ordered or name not in jobs:
+            return
+        if name in visiting:
+            cycle = " -> ".join([*visiting[visiting.index(name) :], name])
+            problems.append(jobs[name].origin("needs").problem("needs", f"dependency cycle: {cycle}"))
+            return
+        visiting.append(name)
+        for need in jobs[name].spec.needs:
+            visit(need)
+        visiting.pop()
+        ordered[name] = jobs[name]
+
+    for name in listed:
+        visit(name)
+    return ordered
+
+
+def load_pipeline(directory: Path, overrides: list[str] = (), provided: dict[str, str] | None = None) -> Pipeline:
+    """Load and check jobs/; raise UserError listing every problem found."""
+    problems: list[Problem] = []
+    pipeline_doc = Loaded(directory / PIPELINE_FILE, *yamlfile.load(directory / PIPELINE_FILE))
+    names = pipeline_doc.data.get("jobs") if isinstance(pipeline_doc.data.get("jobs"), list) else []
+    job_docs: dict[str, Loaded] = {}
+    for name in names:
+        path = directory / f"{name}.yaml"
+        if not path.exists():
+            problems.append(pipeline_doc.origin("jobs").problem("jobs", f"job {name!r} has no file {path}"))
+            continue
+        try:
+            job_docs[name] = Loaded(path, *yamlfile.load(path))
+        except UserError as err:
+            problems.extend(err.problems)
+    _apply_overrides(list(overrides), pipeline_doc, job_docs, problems)
+    spec = _validate(PipelineSpec, pipeline_doc, problems)
+    jobs = {}
+    for name, doc in job_docs.items():
+        job_spec = _validate(JobSpec, doc, problems)
+        if job_spec is not None:
+            jobs[name] = Job(name, job_spec, doc)
+    if spec is None:
+        raise UserError(problems)
+    values = _resolve_vars(pipeline_doc, {**_placeholders(spec), **(provided or {})}, problems)
+    for job in jobs.values():
+        _resolve_job(job, values, problems)
+    ordered = _order(jobs, spec.jobs, problems)
+    if problems:
+        raise UserError(problems)
+    return Pipeline(directory, spec, pipeline_doc, ordered)
+
+
+def _placeholders(spec: PipelineSpec) -> dict[str, str]:
+    """Values fab provides; shown as <...> until a run, a worker and a VM are known."""
+    return {
+        "run_name": "<run_name>",
+        "venv": spec.environment.venv,
+        "worker_id": "0",
+        "worker_hostnames": "localhost",
+    }
+
+
+def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> None:
+    def sub(text: str, *path: str) -> str:
+        return substitute(text, values.__getitem__, job.origin(*path), ".".join(path), problems, values)
+
+    spec = job.spec
+    spec.args = {k: sub(v, "args", k) for k, v in spec.args.items()}
+    spec.flags = {k: sub(v, "flags", k) for k, v in spec.flags.items()}
+    spec.env = {k: sub(v, "env", k) for k, v in spec.env.items()}
+    spec.inputs = [sub(v, "inputs", str(i)) for i, v in enumerate(spec.inputs)]
+    spec.outputs = [sub(v, "outputs", str(i)) for i, v in enumerate(spec.outputs)]
+    if spec.progress:
+        spec.progress.tensorboard_dir = sub(spec.progress.tensorboard_dir, "progress", "tensorboard_dir")
+        spec.progress.total_steps = sub(spec.progress.total_steps, "progress", "total_steps")
+        if not spec.progress.total_steps.isdigit():
+            problems.append(job.origin("progress", "total_steps").problem("progress.total_steps", f"{spec.progress.total_steps!r} is not a whole number"))
+
+
+def render(pipeline: Pipeline) -> list[RenderedJob]:
+    """The exact argv and environment of every job, in run order."""
+    venv = pipeline.spec.environment.venv
+    python = f"{venv}/bin/python3" if venv.startswith(("/", "~")) else f"~/{venv}/bin/python3"
+    rendered = []
+    for job in pipeline.jobs.values():
+        spec = job.spec
+        argv = [python, "-m", spec.module]
+        argv += [f"{k}={v}" for k, v in spec.args.items()]
+        argv += [f"--{k}={v}" for k, v in spec.flags.items()]
+        rendered.append(
+            RenderedJob(
+                name=job.name,
+                description=spec.description,
+                module=spec.module,
+                argv=argv,
+                env=dict(spec.env),
+                secrets=list(spec.secrets),
+                cwd="~",
+                needs=list(spec.needs),
+                inputs=list(spec.inputs),
+                outputs=list(spec.outputs),
+                progress={"tensorboard_dir": spec.progress.tensorboard_dir, "total_steps": int(spec.progress.total_steps)} if spec.progress else None,
+            )
+        )
+    return rendered

@@ -1,0 +1,18 @@
+"""Where the project keeps things on the user's machine (overridable for tests and CI)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def jobs_dir() -> Path:
+    """The pipeline and its jobs: TPU_RL_JOBS, or jobs/ of this repository."""
+    return Path(os.environ.get("TPU_RL_JOBS") or REPO / "jobs")
+
+
+def runs_dir() -> Path:
+    """Local records of runs (rendered jobs, durations, metrics): TPU_RL_RUNS, or runs/."""
+    return Path(os.environ.get("TPU_RL_RUNS") or REPO / "runs")

@@ -1,0 +1,71 @@
+"""MaxText's own config validator on a job's rendered arguments (no TPU needed).
+
+    python maxtext_check.py MODULE key=value ... [--module_flag=value ...]
+
+Runs pyconfig.initialize exactly as MODULE would, with its default config file,
+hides MaxText's long config dump, and prints one line: `ok ...` (exit 0) or the
+`MAXTEXT CONFIG ERROR` (exit 2). Needs Python 3.12 with maxtext importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+
+ERROR_MARK = "MAXTEXT CONFIG ERROR:"
+
+
+def _redact(text: str) -> str:
+    token = os.environ.get("HF_TOKEN")
+    return text.replace(token, "<redacted>") if token else text
+
+
+def check(module: str, args: list[str]) -> tuple[bool, str]:
+    config_args = [a for a in args if not a.startswith("--")]  # module flags are not config keys
+    with tempfile.TemporaryFile(mode="w+") as captured:
+        saved = os.dup(1), os.dup(2)
+        sys.stdout.flush(), sys.stderr.flush()
+        os.dup2(captured.fileno(), 1), os.dup2(captured.fileno(), 2)
+        try:
+            spec = importlib.util.find_spec(module)
+            if spec is None or spec.origin is None:
+                raise ImportError(f"{module} is not importable with {sys.executable}")
+            from maxtext.configs import pyconfig
+
+            pyconfig.initialize([spec.origin, *config_args])
+            failure = None
+        except SystemExit as exit_:
+            failure = f"exit {exit_.code}"
+        except Exception as err:  # MaxText raises many kinds for bad values
+            failure = f"{type(err).__name__}: {err}"
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        if failure is None:
+            return True, f"ok: {module} accepts {len(config_args)} keys"
+        captured.seek(0)
+        lines = captured.read().splitlines()
+        marked = [i for i, line in enumerate(lines) if ERROR_MARK in line]
+        if marked:  # the marked line, and pydantic's details that follow it
+            first = lines[marked[0]]
+            detail = " ".join([first[first.index(ERROR_MARK) :], *(line.strip() for line in lines[marked[0] + 1 : marked[0] + 4] if "====" not in line)])
+        else:
+            detail = failure
+        return False, _redact(detail[:800])
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__.strip().splitlines()[2], file=sys.stderr)
+        return 64
+    started = time.monotonic()
+    ok, message = check(argv[0], argv[1:])
+    print(f"{message} ({time.monotonic() - started:.1f} s)")
+    return 0 if ok else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

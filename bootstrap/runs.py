@@ -1,0 +1,48 @@
+"""The local record of runs: which run is current, what ran, how long, what it scored."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .paths import runs_dir
+
+CURRENT = "current"
+
+
+def new_run_name() -> str:
+    """MaxText's run name, as the reference makes it: $(date +%Y-%m-%d-%H-%M-%S)."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d-%H-%M-%S")
+
+
+def current_run() -> str | None:
+    path = runs_dir() / CURRENT
+    return path.read_text().strip() if path.exists() else None
+
+
+@dataclass
+class RunRecord:
+    name: str
+    jobs: dict[str, dict] = field(default_factory=dict)  # job -> state, started, finished, ...
+    evals: list[dict] = field(default_factory=list)
+    rendered: list[dict] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)  # durable copies of the export
+
+    @property
+    def folder(self) -> Path:
+        return runs_dir() / self.name
+
+    @classmethod
+    def load(cls, name: str) -> RunRecord:
+        path = runs_dir() / name / "record.json"
+        return cls(**json.loads(path.read_text())) if path.exists() else cls(name)
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        data = {"name": self.name, "jobs": self.jobs, "evals": self.evals, "rendered": self.rendered, "results": self.results}
+        tmp = self.folder / "record.json.tmp"
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(self.folder / "record.json")
+        (runs_dir() / CURRENT).write_text(self.name + "\n")

@@ -1,0 +1,45 @@
+"""Secrets the jobs need, found on the user's machine and never printed.
+
+The Hugging Face token comes from HF_TOKEN or the token that `hf auth login`
+stored; it reaches the VM inside an SFTP stream and the jobs through their
+environment, never a command line (see vm.Worker.put_secret).
+"""
+
+from __future__ import annotations
+
+import os
+
+import huggingface_hub
+
+from .errors import Problem, UserError
+
+KNOWN = {"HF_TOKEN": "the Hugging Face token (export HF_TOKEN=... or run `hf auth login`)"}
+REDACTED = "<redacted>"
+
+
+def lookup(name: str) -> str | None:
+    if name == "HF_TOKEN":
+        return os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
+    return None
+
+
+def require(names_by_job: dict[str, list[str]]) -> dict[str, str]:
+    """The values of every secret the jobs declare; one error listing all that are missing."""
+    values, problems = {}, []
+    for job, names in names_by_job.items():
+        for name in names:
+            if name not in KNOWN:
+                problems.append(Problem(f"jobs/{job}.yaml", "secrets", f"unknown secret {name!r}; known: {', '.join(KNOWN)}"))
+            elif (value := lookup(name)) is None:
+                problems.append(Problem(f"jobs/{job}.yaml", "secrets", f"{name} is required but not set: {KNOWN[name]}"))
+            else:
+                values[name] = value
+    if problems:
+        raise UserError(problems)
+    return values
+
+
+def redact(text: str, values: dict[str, str]) -> str:
+    for value in values.values():
+        text = text.replace(value, REDACTED)
+    return text

@@ -1,0 +1,72 @@
+"""The schema of jobs/*.yaml: what a user may write, checked before anything runs."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProgressSpec(Strict):
+    """Where the VM-side runner reads training steps (the trainer's bar needs a terminal)."""
+
+    tensorboard_dir: str
+    total_steps: str  # may be a ${variable}; an integer once resolved
+
+
+class JobSpec(Strict):
+    """One MaxText job: a module, its arguments, and what it reads and produces."""
+
+    description: str = ""
+    module: str
+    needs: list[str] = []
+    secrets: list[str] = []
+    env: dict[str, str] = {}
+    args: dict[str, str] = {}
+    flags: dict[str, str] = {}  # module-only flags, passed as --name=value
+    inputs: list[str] = []
+    outputs: list[str] = Field(min_length=1)  # globs; all must match for the job to count as done
+    progress: ProgressSpec | None = None
+
+
+class EnvironmentSpec(Strict):
+    """The Python environment `fab setup` builds; its hash is the setup stamp."""
+
+    python: str = "3.12"
+    venv: str = "maxtext_venv"
+    packages: list[str] = Field(min_length=1)
+    install_options: list[str] = []
+    install_env: dict[str, str] = {}
+    post_install: list[str] = []  # shell commands run inside the activated venv
+
+
+class VmSpec(Strict):
+    """Where state lives on the VM and what the VM must offer before a job starts."""
+
+    state_dir: str = "tpu-rl"
+    startup_marker: str = "/var/lib/tpu-rl/startup.done"
+    startup_log: str = "/var/log/tpu-rl-startup.log"
+    chips: int = Field(8, ge=0)
+    chip_glob: str = "/dev/vfio/[0-9]*"
+    min_memory_gb: float = Field(0, ge=0)
+    min_shm_gb: float = Field(0, ge=0)
+    shm_path: str = "/dev/shm"
+    validate_args: bool = True
+
+
+class ResultsSpec(Strict):
+    """Durable copies of the export: the Hugging Face Hub and/or the stack's bucket."""
+
+    hub_repo: str = ""
+    hub_private: bool = True
+    gcs: bool = False
+
+
+class PipelineSpec(Strict):
+    jobs: list[str] = Field(min_length=1)
+    vars: dict[str, str] = {}
+    environment: EnvironmentSpec
+    vm: VmSpec = VmSpec()
+    results: ResultsSpec = ResultsSpec()

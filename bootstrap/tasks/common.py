@@ -1,0 +1,55 @@
+"""What every task shares: the --arg option, turning problems into a clean exit, sessions."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+from invoke import Context, Exit
+from rich.console import Console
+
+from .. import hosts, pipeline_run, runs, secrets
+from ..errors import UserError
+from ..paths import jobs_dir
+from ..pipeline_run import Session
+
+ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_batches=100, vars.num_batches=100, convert.--lazy_load_tensors=True"
+RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
+console = Console()
+
+
+def reports_errors(body: Callable) -> Callable:
+    """Show a UserError as its message and exit 2, without a traceback."""
+
+    @functools.wraps(body)
+    def wrapper(*args, **kwargs):
+        try:
+            return body(*args, **kwargs)
+        except UserError as err:
+            raise Exit(f"error: {err}".replace("\n", "\nerror: "), code=2) from None
+
+    return wrapper
+
+
+def open_session(c: Context, overrides: list[str], run_name: str | None = None, new_run: bool = False) -> Session:
+    """Check everything local first, then connect; the run is chosen from the VM's record."""
+    directory = jobs_dir()
+    pipeline = pipeline_run.load_checked(directory, overrides)
+    values = secrets.require({name: job.spec.secrets for name, job in pipeline.jobs.items()})
+    console.print(f"connecting to the VM ({'-H' if hasattr(c, 'host') else 'Pulumi stack outputs'})")
+    workers = hosts.workers(c, pipeline.spec.vm.state_dir)
+    for worker in workers:
+        worker.install_scripts()
+    name, why = pipeline_run.choose_run(workers, run_name, new_run)
+    console.print(f"run {name} ({why}) on {', '.join(w.name for w in workers)}")
+    return Session(directory, overrides, pipeline.spec, workers, runs.RunRecord.load(name), console, values)
+
+
+def prepare(session: Session) -> None:
+    """Inside the lock: the run and secrets on every worker, and the VM ready."""
+    pipeline_run.record_current_run(session)
+    for worker in session.workers:
+        for name, value in session.secrets.items():
+            if worker.put_secret(name, value):
+                console.print(f"{worker.name}: stored {name} (readable only by the SSH user)")
+    pipeline_run.wait_for_startup(session)

@@ -1,0 +1,119 @@
+"""Tasks that drive the VM: build the environment, run jobs, show state and logs."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+
+from fabric import task
+from rich.table import Table
+
+from .. import pipeline_run
+from ..errors import UserError
+from ..pipeline_run import Session, owner, run_stages, stages
+from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
+
+RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
+
+
+def _run(c, arg, run_name, only: list[str] | None, new_run: bool = False) -> Session:
+    session = open_session(c, arg or [], run_name, new_run)
+    with session.workers[0].lock(owner()):
+        prepare(session)
+        selected = stages(session, only)
+        if only:
+            _require_needs(session, selected[1:])
+        run_stages(session, selected)
+    return session
+
+
+def _require_needs(session: Session, selected: list) -> None:
+    """A single job runs only when the jobs it needs are done."""
+    for stage in selected:
+        for need in session.rendered(session.workers[0])[stage.name].needs:
+            state = session.workers[0].job_states([session.job_dir(need)])[need]["state"]
+            if state != "done":
+                raise UserError(f"{stage.name} needs {need}, which is {state}: run fab {need} or fab train")
+
+
+@task(iterable=["arg"], help={"arg": ARG_HELP})
+@reports_errors
+def setup(c, arg=None):
+    """Build the MaxText environment on the VM (a no-op in seconds when the spec is unchanged)."""
+    _run(c, arg, None, only=[])
+
+
+@task(
+    iterable=["arg"],
+    help={**RUN_OPTIONS, "new_run": "start a new run with a fresh name instead of continuing the current one"},
+)
+@reports_errors
+def train(c, arg=None, run_name=None, new_run=False):
+    """Set up the VM, then convert -> train -> export; safe to interrupt and run again."""
+    from ..publish import publish_after_train
+
+    session = _run(c, arg, run_name, None, new_run)
+    publish_after_train(session)
+
+
+@task(iterable=["arg"], help=RUN_OPTIONS)
+@reports_errors
+def convert(c, arg=None, run_name=None):
+    """Run only the convert job (Hugging Face -> MaxText checkpoint)."""
+    _run(c, arg, run_name, ["convert"])
+
+
+@task(iterable=["arg"], help=RUN_OPTIONS)
+@reports_errors
+def export(c, arg=None, run_name=None):
+    """Run only the export job (last checkpoint -> Hugging Face format); train must be done."""
+    _run(c, arg, run_name, ["export"])
+
+
+def _clock(ts):
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+@task(iterable=["arg"], help=RUN_OPTIONS)
+@reports_errors
+def status(c, arg=None, run_name=None):
+    """Show each job of the run: state, start, duration, outputs."""
+    session = open_session(c, arg or [], run_name)
+    table = Table(title=f"run {session.run.name}")
+    for column in ("worker", "job", "state", "started", "duration", "outputs"):
+        table.add_column(column)
+    for worker in session.workers:
+        names = [s.name for s in stages(session)]
+        dirs = [pipeline_run.setup_spec(session)[0]] + [session.job_dir(n) for n in names[1:]]
+        states = worker.job_states(dirs)
+        for name, directory in zip(names, dirs, strict=True):
+            state = states[directory.rsplit("/", 1)[1]]
+            took = (state.get("finished") or 0) - (state.get("started") or 0)
+            duration = f"{took / 60:.1f} min" if state.get("finished") and state.get("started") else "-"
+            outputs = "\n".join(state.get("outputs") or state.get("missing") or []) or "-"
+            table.add_row(worker.name, name, state["state"], _clock(state.get("started")), duration, outputs)
+    console.print(table)
+
+
+@task(help={"job": "the job to follow (default: the running one, else the last started)", "run_name": RUN_HELP})
+@reports_errors
+def logs(c, job=None, run_name=None):
+    """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
+    session = open_session(c, [], run_name)
+    names = [s.name for s in stages(session)]
+    dirs = {name: session.job_dir(name) for name in names[1:]}
+    dirs["setup"] = pipeline_run.setup_spec(session)[0]
+    worker = session.workers[0]
+    if job is None:
+        states = worker.job_states(list(dirs.values()))
+        started = [n for n in names if states[dirs[n].rsplit("/", 1)[1]]["state"] != "pending"]
+        running = [n for n in started if states[dirs[n].rsplit("/", 1)[1]]["state"] == "running"]
+        job = (running or started or ["setup"])[-1]
+    if job not in dirs:
+        raise UserError(f"no job {job!r}; jobs are {', '.join(names)}")
+    console.print(f"following {job} on {worker.name} (Ctrl-C stops following; the job goes on)", style="dim")
+    out = sys.stdout
+    try:
+        worker.follow(dirs[job], lambda line: out.write(line + "\n"))
+    except KeyboardInterrupt:
+        console.print("\nstopped following; the job goes on", style="dim")

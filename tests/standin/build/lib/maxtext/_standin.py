@@ -1,0 +1,93 @@
+"""Shared by the stand-in jobs: argument parsing, knobs, and TensorBoard event files.
+
+Knobs (set through a job's env in the YAML or --arg JOB.env.NAME=VALUE):
+STANDIN_SECONDS: seconds per unit of work; STANDIN_FAIL: exit 1 before finishing.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import time
+
+_CRC_TABLE = []
+for n in range(256):
+    c = n
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    _CRC_TABLE.append(c)
+
+
+def args() -> dict[str, str]:
+    """key=value arguments, as pyconfig takes them; --flags as argparse would."""
+    parsed = {}
+    for arg in sys.argv[1:]:
+        key, _, value = arg.lstrip("-").partition("=")
+        parsed[key] = value
+    return parsed
+
+
+def require_token() -> None:
+    if not os.environ.get("HF_TOKEN"):
+        log("HF_TOKEN is not set: cannot read the gated model")
+        sys.exit(3)
+
+
+def log(message: str) -> None:
+    """absl's format: the real jobs log on stderr through absl."""
+    now = time.time()
+    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
+    print(f"I{stamp}.{int(now % 1 * 1e6):06d} {os.getpid()} standin.py:1] {message}", file=sys.stderr, flush=True)
+
+
+def pause() -> None:
+    time.sleep(float(os.environ.get("STANDIN_SECONDS", "0")))
+
+
+def maybe_fail(where: str) -> None:
+    if os.environ.get("STANDIN_FAIL"):
+        log(f"Traceback (most recent call last): simulated failure in {where}")
+        print("RuntimeError: simulated failure (STANDIN_FAIL)", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def _masked_crc(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(value: int) -> bytes:
+    out = b""
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out += bytes([byte | 0x80])
+        else:
+            return out + bytes([byte])
+
+
+def _field(number: int, wire: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | wire) + payload
+
+
+def event_record(step: int, scalars: dict[str, float]) -> bytes:
+    """One TFRecord holding an Event{wall_time, step, summary{value{tag, simple_value}}}."""
+    values = b""
+    for tag, value in scalars.items():
+        tag_bytes = tag.encode()
+        body = _field(1, 2, _varint(len(tag_bytes)) + tag_bytes) + _field(2, 5, struct.pack("<f", value))
+        values += _field(1, 2, _varint(len(body)) + body)
+    event = _field(1, 1, struct.pack("<d", time.time())) + _field(2, 0, _varint(step)) + _field(5, 2, _varint(len(values)) + values)
+    header = struct.pack("<Q", len(event))
+    return header + struct.pack("<I", _masked_crc(header)) + event + struct.pack("<I", _masked_crc(event))
+
+
+def file_version_record() -> bytes:
+    event = _field(1, 1, struct.pack("<d", time.time())) + _field(3, 2, _varint(len(b"brain.Event:2")) + b"brain.Event:2")
+    header = struct.pack("<Q", len(event))
+    return header + struct.pack("<I", _masked_crc(header)) + event + struct.pack("<I", _masked_crc(event))
