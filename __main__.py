@@ -19,10 +19,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 PROJECT = "tpu-rl"
-IMAGE = (
-    "projects/ubuntu-os-accelerator-images/global/images/family/"
-    "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
-)
+IMAGE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
 # Zones that offer v6e (Cloud TPU "regions and zones"); override with tpu-rl:v6eZones.
 V6E_ZONES = [
     "us-central1-b",
@@ -59,7 +56,7 @@ def fail(key: str, problem: str, fix: str) -> None:
 def check_public_key(key: str, value: str) -> None:
     """An OpenSSH public key line whose base64 blob really holds the named key type."""
     parts = value.split()
-    fix = f"Set it to the one line of your .pub file: pulumi config set {key} \"$(cat ~/.ssh/id_ed25519.pub)\""
+    fix = f'Set it to the one line of your .pub file: pulumi config set {key} "$(cat ~/.ssh/id_ed25519.pub)"'
     if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
         fail(key, f"not an OpenSSH public key (type must be one of {', '.join(SSH_KEY_TYPES[:3])}, ...)", fix)
     try:
@@ -100,7 +97,11 @@ if not gcp_project:
 if not zone:
     fail("gcp:zone", "missing", f"Set it to a zone with v6e, e.g. pulumi config set gcp:zone {V6E_ZONES[0]}")
 if zone not in v6e_zones:
-    fail("gcp:zone", f"{zone!r} has no TPU v6e", f"Use one of {', '.join(v6e_zones)} (or list new ones in tpu-rl:v6eZones)")
+    fail(
+        "gcp:zone",
+        f"{zone!r} has no TPU v6e",
+        f"Use one of {', '.join(v6e_zones)} (or list new ones in tpu-rl:v6eZones)",
+    )
 if not re.fullmatch(r"ct6e-standard-(1|4|8)t", machine_type):
     fail("tpu-rl:machineType", f"{machine_type!r} is not a v6e machine type", "Use ct6e-standard-8t (or -4t, -1t)")
 if boot_disk_gb < MIN_BOOT_DISK_GB:
@@ -110,7 +111,11 @@ if boot_disk_gb < MIN_BOOT_DISK_GB:
         f"Use at least {MIN_BOOT_DISK_GB} (the reference uses 200)",
     )
 if provisioning_model not in PROVISIONING_MODELS:
-    fail("tpu-rl:provisioningModel", f"unknown model {provisioning_model!r}", f"Use one of {', '.join(PROVISIONING_MODELS)}")
+    fail(
+        "tpu-rl:provisioningModel",
+        f"unknown model {provisioning_model!r}",
+        f"Use one of {', '.join(PROVISIONING_MODELS)}",
+    )
 if provisioning_model == "RESERVATION_BOUND" and not reservation:
     fail(
         "tpu-rl:reservation",
@@ -118,19 +123,31 @@ if provisioning_model == "RESERVATION_BOUND" and not reservation:
         "Set it: pulumi config set tpu-rl:reservation YOUR_RESERVATION (or choose another tpu-rl:provisioningModel)",
     )
 if reservation and provisioning_model in ("SPOT", "FLEX_START"):
-    fail("tpu-rl:reservation", f"a {provisioning_model} VM cannot consume a reservation", "Remove it: pulumi config rm tpu-rl:reservation")
+    fail(
+        "tpu-rl:reservation",
+        f"a {provisioning_model} VM cannot consume a reservation",
+        "Remove it: pulumi config rm tpu-rl:reservation",
+    )
 if provisioning_model == "FLEX_START" and not max_run_duration_s:
-    fail("tpu-rl:maxRunDurationSeconds", "missing; FLEX_START VMs need a maximum run time", "Set it, e.g. pulumi config set tpu-rl:maxRunDurationSeconds 14400")
+    fail(
+        "tpu-rl:maxRunDurationSeconds",
+        "missing; FLEX_START VMs need a maximum run time",
+        "Set it, e.g. pulumi config set tpu-rl:maxRunDurationSeconds 14400",
+    )
 if os_login and ssh_public_key:
     fail("tpu-rl:sshPublicKey", "set together with tpu-rl:osLogin", "Use one: OS Login manages keys itself")
 if not os_login:
     if not ssh_public_key:
-        fail("tpu-rl:sshPublicKey", "missing; Fabric needs SSH access", 'Set it: pulumi config set tpu-rl:sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"')
+        fail(
+            "tpu-rl:sshPublicKey",
+            "missing; Fabric needs SSH access",
+            'Set it: pulumi config set tpu-rl:sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"',
+        )
     check_public_key("tpu-rl:sshPublicKey", ssh_public_key)
 if not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", ssh_user):
     fail("tpu-rl:sshUser", f"{ssh_user!r} is not a valid Linux user name", "Use lower-case letters, digits, - and _")
 if "0.0.0.0/0" in ssh_source_ranges:
-    pulumi.log.warn("tpu-rl:sshSourceRanges allows SSH from anywhere; set it to your IP range, e.g. [\"203.0.113.7/32\"]")
+    pulumi.log.warn('tpu-rl:sshSourceRanges allows SSH from anywhere; set it to your IP range, e.g. ["203.0.113.7/32"]')
 
 labels = {"app": PROJECT, "stack": pulumi.get_stack(), "instance": instance_name}
 network_tag = f"{PROJECT}-{instance_name}"
@@ -142,7 +159,9 @@ SCHEDULING = {
     # --instance-termination-action=DELETE
     "RESERVATION_BOUND": dict(on_host_maintenance="TERMINATE", instance_termination_action="DELETE"),
     "STANDARD": dict(on_host_maintenance="TERMINATE", automatic_restart=True),
-    "SPOT": dict(on_host_maintenance="TERMINATE", instance_termination_action="DELETE", automatic_restart=False, preemptible=True),
+    "SPOT": dict(
+        on_host_maintenance="TERMINATE", instance_termination_action="DELETE", automatic_restart=False, preemptible=True
+    ),
     "FLEX_START": dict(
         on_host_maintenance="TERMINATE",
         instance_termination_action="DELETE",
@@ -186,7 +205,10 @@ else:
     vm_identity = account.email
 if bucket is not None:
     gcp.storage.BucketIAMMember(
-        "vm-writes-results", bucket=bucket.name, role="roles/storage.objectAdmin", member=vm_identity.apply(lambda e: f"serviceAccount:{e}")
+        "vm-writes-results",
+        bucket=bucket.name,
+        role="roles/storage.objectAdmin",
+        member=vm_identity.apply(lambda e: f"serviceAccount:{e}"),
     )
 
 # --- Network access for Fabric -------------------------------------------------------------
@@ -216,10 +238,14 @@ instance = gcp.compute.Instance(
     zone=zone,
     machine_type=machine_type,
     boot_disk=gcp.compute.InstanceBootDiskArgs(
-        initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(image=image, size=boot_disk_gb, labels=labels),
+        initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+            image=image, size=boot_disk_gb, labels=labels
+        ),
     ),
     network_interfaces=[
-        gcp.compute.InstanceNetworkInterfaceArgs(network=network, access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()])
+        gcp.compute.InstanceNetworkInterfaceArgs(
+            network=network, access_configs=[gcp.compute.InstanceNetworkInterfaceAccessConfigArgs()]
+        )
     ],
     scheduling=scheduling,
     reservation_affinity=reservation_affinity,

@@ -33,7 +33,9 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
         # --seed: install_tpu_post_train_extra_deps runs `python -m pip install uv`.
         f"uv venv --clear --seed --python {q(env.python)} {q(env.venv)}",
         f"step packages {q(' '.join(env.packages))}",
-        f"env {install_env} uv pip install --python {q(venv_python)} {shlex.join(env.packages)} {shlex.join(env.install_options)}".replace("  ", " "),
+        f"env {install_env} uv pip install --python {q(venv_python)} {shlex.join(env.packages)} {shlex.join(env.install_options)}".replace(
+            "  ", " "
+        ),
     ]
     for command in env.post_install:
         lines += [f"step {q(command)} '(silent for minutes)'", f"(source {q(env.venv)}/bin/activate && {command})"]

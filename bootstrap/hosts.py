@@ -25,7 +25,9 @@ def stack_outputs() -> dict:
         raise UserError("no hosts: pass -H user@host, or install the Pulumi CLI so fab can read the stack's outputs")
     result = subprocess.run(["pulumi", "stack", "output", "--json"], cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
-        raise UserError(f"no hosts: `pulumi stack output --json` failed: {result.stderr.strip()[-300:]} (run `pulumi up` first, or pass -H)")
+        raise UserError(
+            f"no hosts: `pulumi stack output --json` failed: {result.stderr.strip()[-300:]} (run `pulumi up` first, or pass -H)"
+        )
     return json.loads(result.stdout)
 
 

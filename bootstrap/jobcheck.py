@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from . import secrets
 from .errors import Problem
 from .jobs import DEFERRED, Pipeline
 
@@ -56,7 +57,11 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
     problems = []
     version = facts["maxtext_version"]
     if module not in facts["modules"]:
-        return [origin("module").problem("module", f"{module!r} is not a MaxText {version} entry point{_suggest(module, facts['modules'])}")]
+        return [
+            origin("module").problem(
+                "module", f"{module!r} is not a MaxText {version} entry point{_suggest(module, facts['modules'])}"
+            )
+        ]
     fields, nested = facts["fields"], facts["nested"]
     rl_keys = set(nested.get("rl", {}))
     for key, value in args.items():
@@ -64,18 +69,34 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
         head, dot, tail = key.partition(".")
         if dot:
             if head not in nested:
-                problems.append(where.problem(f"args.{key}", f"{head!r} has no nested keys in MaxText {version}; nested groups are {', '.join(nested)}"))
+                problems.append(
+                    where.problem(
+                        f"args.{key}",
+                        f"{head!r} has no nested keys in MaxText {version}; nested groups are {', '.join(nested)}",
+                    )
+                )
             elif tail not in nested[head]:
                 problems.append(
-                    where.problem(f"args.{key}", f"unknown key under {head}. (MaxText would silently ignore it){_suggest(tail, nested[head])}; valid: {', '.join(nested[head])}")
+                    where.problem(
+                        f"args.{key}",
+                        f"unknown key under {head}. (MaxText would silently ignore it){_suggest(tail, nested[head])}; valid: {', '.join(nested[head])}",
+                    )
                 )
             elif error := _type_error(value, nested[head][tail]):
                 problems.append(where.problem(f"args.{key}", error))
             continue
         if key in rl_keys:
-            problems.append(where.problem(f"args.{key}", f"RL setting at the top level has no effect on RL training; write it as rl.{key}"))
+            problems.append(
+                where.problem(
+                    f"args.{key}", f"RL setting at the top level has no effect on RL training; write it as rl.{key}"
+                )
+            )
         elif key in nested:
-            problems.append(where.problem(f"args.{key}", f"a group, not a value; set its keys as {key}.NAME ({', '.join(nested[key])})"))
+            problems.append(
+                where.problem(
+                    f"args.{key}", f"a group, not a value; set its keys as {key}.NAME ({', '.join(nested[key])})"
+                )
+            )
         elif key not in fields:
             problems.append(where.problem(f"args.{key}", f"not a MaxText {version} config key{_suggest(key, fields)}"))
         elif error := _type_error(value, fields[key]):
@@ -85,8 +106,14 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
     for flag in flags:
         if flag not in allowed:
             owners = [m for m, info in facts["modules"].items() if flag in info["flags"]]
-            hint = f"it belongs to {', '.join(owners)}" if owners else f"{module} accepts {', '.join('--' + f for f in allowed) or 'no flags'}"
-            problems.append(origin("flags", flag).problem(f"flags.{flag}", f"--{flag} is not a flag of {module}; {hint}"))
+            hint = (
+                f"it belongs to {', '.join(owners)}"
+                if owners
+                else f"{module} accepts {', '.join('--' + f for f in allowed) or 'no flags'}"
+            )
+            problems.append(
+                origin("flags", flag).problem(f"flags.{flag}", f"--{flag} is not a flag of {module}; {hint}")
+            )
     return problems
 
 
@@ -98,7 +125,8 @@ def _check_model_keys(args: dict[str, str], origin) -> list[Problem]:
         return []
     return [
         origin("args", key).problem(
-            f"args.{key}", f"{model}.yml (MaxText's model config) sets it to {owned[key]!r}; add override_model_config=True to change it"
+            f"args.{key}",
+            f"{model}.yml (MaxText's model config) sets it to {owned[key]!r}; add override_model_config=True to change it",
         )
         for key, value in args.items()
         if key in owned and yaml.safe_load(value) != owned[key]
@@ -109,13 +137,23 @@ def check_pipeline(pipeline: Pipeline) -> list[Problem]:
     problems = []
     for name, job in pipeline.jobs.items():
         problems += check_job_args(name, job.spec.module, job.spec.args, job.spec.flags, job.origin)
+        problems += [
+            job.origin("secrets").problem(
+                "secrets", f"unknown secret {secret!r}; fab can provide {', '.join(secrets.KNOWN)}"
+            )
+            for secret in job.spec.secrets
+            if secret not in secrets.KNOWN
+        ]
     models = {name: job.spec.args["model_name"] for name, job in pipeline.jobs.items() if "model_name" in job.spec.args}
     first = next(iter(models.items()), None)
     for name, model in models.items():
         if first and model != first[1]:
             problems.append(
-                pipeline.jobs[name].origin("args", "model_name").problem(
-                    "args.model_name", f"{model!r} differs from {first[0]}'s {first[1]!r}; export would ship the wrong tokenizer and config"
+                pipeline.jobs[name]
+                .origin("args", "model_name")
+                .problem(
+                    "args.model_name",
+                    f"{model!r} differs from {first[0]}'s {first[1]!r}; export would ship the wrong tokenizer and config",
                 )
             )
     return problems

@@ -140,7 +140,14 @@ def _resolve_vars(pipeline: Loaded, provided: dict[str, str], problems: list[Pro
             problems.append(pipeline.origin("vars", name).problem(f"vars.{name}", f"refers to itself: {cycle}"))
             resolved[name] = ""
             return ""
-        resolved[name] = substitute(raw[name], lambda ref: resolve(ref, (*stack, name)), pipeline.origin("vars", name), f"vars.{name}", problems, known)
+        resolved[name] = substitute(
+            raw[name],
+            lambda ref: resolve(ref, (*stack, name)),
+            pipeline.origin("vars", name),
+            f"vars.{name}",
+            problems,
+            known,
+        )
         return resolved[name]
 
     for name in raw:
@@ -245,7 +252,11 @@ def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> N
         spec.progress.tensorboard_dir = sub(spec.progress.tensorboard_dir, "progress", "tensorboard_dir")
         spec.progress.total_steps = sub(spec.progress.total_steps, "progress", "total_steps")
         if not spec.progress.total_steps.isdigit():
-            problems.append(job.origin("progress", "total_steps").problem("progress.total_steps", f"{spec.progress.total_steps!r} is not a whole number"))
+            problems.append(
+                job.origin("progress", "total_steps").problem(
+                    "progress.total_steps", f"{spec.progress.total_steps!r} is not a whole number"
+                )
+            )
 
 
 def render(pipeline: Pipeline) -> list[RenderedJob]:
@@ -270,7 +281,12 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 needs=list(spec.needs),
                 inputs=list(spec.inputs),
                 outputs=list(spec.outputs),
-                progress={"tensorboard_dir": spec.progress.tensorboard_dir, "total_steps": int(spec.progress.total_steps)} if spec.progress else None,
+                progress={
+                    "tensorboard_dir": spec.progress.tensorboard_dir,
+                    "total_steps": int(spec.progress.total_steps),
+                }
+                if spec.progress
+                else None,
             )
         )
     return rendered

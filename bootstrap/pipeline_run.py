@@ -82,7 +82,10 @@ def choose_run(workers: list[Worker], requested: str | None, new: bool) -> tuple
 
 def record_current_run(session: Session) -> None:
     for worker in session.workers:
-        worker.check(f"mkdir -p {shlex.quote(worker.state_dir)} && printf '%s\\n' {shlex.quote(session.run.name)} > {shlex.quote(worker.state_dir)}/current-run", "recording the run")
+        worker.check(
+            f"mkdir -p {shlex.quote(worker.state_dir)} && printf '%s\\n' {shlex.quote(session.run.name)} > {shlex.quote(worker.state_dir)}/current-run",
+            "recording the run",
+        )
 
 
 def wait_for_startup(session: Session) -> None:
@@ -98,7 +101,9 @@ def wait_for_startup(session: Session) -> None:
             for line in output.splitlines():
                 session.console.print(f"  startup | {line}", markup=False, highlight=False)
             if time.monotonic() > deadline:
-                raise UserError(f"{worker.name}: the startup script did not finish in {STARTUP_WAIT_SECONDS // 60} min; see {vm.startup_log}")
+                raise UserError(
+                    f"{worker.name}: the startup script did not finish in {STARTUP_WAIT_SECONDS // 60} min; see {vm.startup_log}"
+                )
             time.sleep(5)
 
 
@@ -197,7 +202,9 @@ class Stage:
     def finish(self) -> dict:
         states = self.states()
         state = states[0]
-        self.session.run.jobs[self.name] = {k: state.get(k) for k in ("state", "started", "finished", "exit_code", "outputs", "error")}
+        self.session.run.jobs[self.name] = {
+            k: state.get(k) for k in ("state", "started", "finished", "exit_code", "outputs", "error")
+        }
         self.session.run.save()
         bad = [(w, s) for w, s in zip(self.session.workers, states, strict=True) if s["state"] != "done"]
         if not bad:

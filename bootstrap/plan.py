@@ -43,7 +43,8 @@ def plan_text(jobs: list[RenderedJob], name: str | None, record: RunRecord | Non
             f"   needs:   {', '.join(job.needs) or '-'}",
             f"   cwd:     {job.cwd}",
             "   env:     " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in _env(job).items()) or "-"),
-            "   argv:    " + " \\\n              ".join([shlex.join(job.argv[:3]), *(shlex.quote(a) for a in job.argv[3:])]),
+            "   argv:    "
+            + " \\\n              ".join([shlex.join(job.argv[:3]), *(shlex.quote(a) for a in job.argv[3:])]),
             f"   inputs:  {', '.join(job.inputs) or '-'}",
             f"   outputs: {', '.join(job.outputs)}",
         ]

@@ -47,7 +47,9 @@ def parse(line: str) -> Update | None:
     if m := EVAL.search(line):
         values = {k: float(v) for k, v in m.groupdict().items() if k not in ("phase", "step") and v is not None}
         phase = "pre" if m["phase"].startswith("Pre") else "post" if m["phase"].startswith("Post") else "intermediate"
-        return Update("eval", line.strip(), eval={"phase": phase, "step": int(m["step"]) if m["step"] else None, **values})
+        return Update(
+            "eval", line.strip(), eval={"phase": phase, "step": int(m["step"]) if m["step"] else None, **values}
+        )
     if m := WEIGHTS.search(line):
         return Update("count", "transforming weights", int(m[1]), int(m[2]))
     if m := STEP.search(line):
@@ -66,7 +68,12 @@ def eval_table(evals: list[dict]) -> Table:
     for e in evals:
         when = {"pre": "before training", "post": "after training"}.get(e["phase"], f"step {e['step']}")
         table.add_row(
-            when, f"{e['accuracy']:.2f}", f"{e['format_accuracy']:.2f}", f"{e['partial_accuracy']:.2f}", f"{e['mean_reward']:.3f}", f"{e['corr']:.0f}/{e['total']:.0f}"
+            when,
+            f"{e['accuracy']:.2f}",
+            f"{e['format_accuracy']:.2f}",
+            f"{e['partial_accuracy']:.2f}",
+            f"{e['mean_reward']:.3f}",
+            f"{e['corr']:.0f}/{e['total']:.0f}",
         )
     return table
 
@@ -154,4 +161,6 @@ class JobProgress:
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )

@@ -41,7 +41,13 @@ class RunRecord:
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = {"name": self.name, "jobs": self.jobs, "evals": self.evals, "rendered": self.rendered, "results": self.results}
+        data = {
+            "name": self.name,
+            "jobs": self.jobs,
+            "evals": self.evals,
+            "rendered": self.rendered,
+            "results": self.results,
+        }
         tmp = self.folder / "record.json.tmp"
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.folder / "record.json")

@@ -23,15 +23,15 @@ def lookup(name: str) -> str | None:
     return None
 
 
-def require(names_by_job: dict[str, list[str]]) -> dict[str, str]:
-    """The values of every secret the jobs declare; one error listing all that are missing."""
+def require(names_by_source: dict[str, list[str]]) -> dict[str, str]:
+    """The values of every secret the job files declare; one error listing all that are missing."""
     values, problems = {}, []
-    for job, names in names_by_job.items():
+    for source, names in names_by_source.items():
         for name in names:
-            if name not in KNOWN:
-                problems.append(Problem(f"jobs/{job}.yaml", "secrets", f"unknown secret {name!r}; known: {', '.join(KNOWN)}"))
-            elif (value := lookup(name)) is None:
-                problems.append(Problem(f"jobs/{job}.yaml", "secrets", f"{name} is required but not set: {KNOWN[name]}"))
+            if (value := lookup(name)) is None:
+                problems.append(
+                    Problem(source, "secrets", f"{name} is required but not set: {KNOWN.get(name, 'unknown secret')}")
+                )
             else:
                 values[name] = value
     if problems:

@@ -11,7 +11,6 @@ import hashlib
 import io
 import json
 import shlex
-import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,7 +110,7 @@ class Worker:
             while True:
                 try:
                     data = channel.recv(CHUNK)
-                except socket.timeout:
+                except TimeoutError:
                     on_idle()
                     continue
                 if not data:
@@ -126,13 +125,19 @@ class Worker:
         finally:
             channel.close()
 
-    def follow(self, job_dir: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None, from_start: bool = True) -> int:
+    def follow(
+        self,
+        job_dir: str,
+        on_line: Callable[[str], None],
+        on_idle: Callable[[], None] = lambda: None,
+        from_start: bool = True,
+    ) -> int:
         """Stream a job's log until the job ends (tail stops when the runner exits)."""
         q = shlex.quote(job_dir)
         start = "-c +1" if from_start else "-n 20"
         return self.stream(
             f"cd {q} && if [ -f result.json ] || [ ! -f runner.json ]; then cat log 2>/dev/null; "
-            f"else tail {start} -F --pid=$(python3 -c 'import json;print(json.load(open(\"runner.json\"))[\"pid\"])') log 2>/dev/null; fi",
+            f'else tail {start} -F --pid=$(python3 -c \'import json;print(json.load(open("runner.json"))["pid"])\') log 2>/dev/null; fi',
             on_line,
             on_idle,
         )

@@ -71,10 +71,9 @@ def model_keys(configs_dir: Path) -> dict[str, dict]:
 
 
 def build() -> dict:
-    from pydantic import BaseModel
-
     from maxtext.configs import pyconfig
     from maxtext.configs.types import MaxTextConfig
+    from pydantic import BaseModel
 
     top = MaxTextConfig.model_fields
     nested = {

@@ -185,7 +185,9 @@ def _run_step(argv: list[str], env: dict, cwd: str, log) -> int:
 
 def run(job_dir: str) -> int:
     spec = _read_json(os.path.join(job_dir, "spec.json"))
-    _write_json(os.path.join(job_dir, "runner.json"), {"pid": os.getpid(), "started": time.time(), "host": socket.gethostname()})
+    _write_json(
+        os.path.join(job_dir, "runner.json"), {"pid": os.getpid(), "started": time.time(), "host": socket.gethostname()}
+    )
     exit_code, error = 1, None
     with open(os.path.join(job_dir, "log"), "ab", buffering=0) as log:
         try:
@@ -222,18 +224,18 @@ def run(job_dir: str) -> int:
 
 def hold_lock(state_dir: str, owner: str) -> int:
     os.makedirs(state_dir, exist_ok=True)
-    handle = open(os.path.join(state_dir, "lock"), "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        with open(os.path.join(state_dir, "lock.owner")) as f:
-            print(f"busy: {f.read().strip()}", flush=True)
-        return 75
-    with open(os.path.join(state_dir, "lock.owner"), "w") as f:
-        f.write(owner)
-    print("locked", flush=True)
-    while sys.stdin.buffer.read(4096):
-        pass
+    with open(os.path.join(state_dir, "lock"), "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with open(os.path.join(state_dir, "lock.owner")) as f:
+                print(f"busy: {f.read().strip()}", flush=True)
+            return 75
+        with open(os.path.join(state_dir, "lock.owner"), "w") as f:
+            f.write(owner)
+        print("locked", flush=True)
+        while sys.stdin.buffer.read(4096):  # until the SSH channel closes
+            pass
     return 0
 
 
@@ -258,18 +260,34 @@ def preflight(request: dict) -> list[dict]:
         checks.append({"check": name, "ok": ok, "message": message})
 
     chips = sorted(glob.glob(request["chip_glob"]))
-    check("chips", len(chips) >= request["chips"], f"{len(chips)} TPU chips visible ({request['chip_glob']}), {request['chips']} expected")
+    check(
+        "chips",
+        len(chips) >= request["chips"],
+        f"{len(chips)} TPU chips visible ({request['chip_glob']}), {request['chips']} expected",
+    )
     with open("/proc/meminfo") as f:
         mem_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    check("memory", mem_kb / 2**20 >= request["min_memory_gb"], f"{mem_kb / 2**20:.0f} GB RAM, {request['min_memory_gb']} GB needed")
+    check(
+        "memory",
+        mem_kb / 2**20 >= request["min_memory_gb"],
+        f"{mem_kb / 2**20:.0f} GB RAM, {request['min_memory_gb']} GB needed",
+    )
     shm = os.statvfs(request["shm_path"])
     free_gb = shm.f_bavail * shm.f_frsize / 2**30
-    check("shm", free_gb >= request["min_shm_gb"], f"{free_gb:.0f} GB free in {request['shm_path']}, {request['min_shm_gb']} GB needed")
+    check(
+        "shm",
+        free_gb >= request["min_shm_gb"],
+        f"{free_gb:.0f} GB free in {request['shm_path']}, {request['min_shm_gb']} GB needed",
+    )
     lockfile = request.get("libtpu_lockfile", LIBTPU_LOCKFILE)
     holders = _holders([lockfile, *chips])
     if holders:
         names = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in holders)
-        check("tpu_free", False, f"the TPU is in use by {names}; if it is left from a crashed run, stop it: kill {' '.join(str(p) for p, _ in holders)}")
+        check(
+            "tpu_free",
+            False,
+            f"the TPU is in use by {names}; if it is left from a crashed run, stop it: kill {' '.join(str(p) for p, _ in holders)}",
+        )
     elif os.path.exists(lockfile):
         os.remove(lockfile)
         check("tpu_free", True, f"removed stale {lockfile} (no process held it)")
@@ -279,7 +297,11 @@ def preflight(request: dict) -> list[dict]:
         path = os.path.expanduser(path)
         present = os.path.isfile(path) and os.path.getsize(path) > 0
         private = present and (os.stat(path).st_mode & 0o077) == 0
-        check(f"secret {name}", present and private, f"{name} {'is stored, readable only by you' if private else 'is missing or readable by others'} ({path})")
+        check(
+            f"secret {name}",
+            present and private,
+            f"{name} {'is stored, readable only by you' if private else 'is missing or readable by others'} ({path})",
+        )
     return checks
 
 

@@ -51,7 +51,12 @@ def check(module: str, args: list[str]) -> tuple[bool, str]:
         marked = [i for i, line in enumerate(lines) if ERROR_MARK in line]
         if marked:  # the marked line, and pydantic's details that follow it
             first = lines[marked[0]]
-            detail = " ".join([first[first.index(ERROR_MARK) :], *(line.strip() for line in lines[marked[0] + 1 : marked[0] + 4] if "====" not in line)])
+            detail = " ".join(
+                [
+                    first[first.index(ERROR_MARK) :],
+                    *(line.strip() for line in lines[marked[0] + 1 : marked[0] + 4] if "====" not in line),
+                ]
+            )
         else:
             detail = failure
         return False, _redact(detail[:800])

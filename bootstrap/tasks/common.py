@@ -35,7 +35,7 @@ def open_session(c: Context, overrides: list[str], run_name: str | None = None, 
     """Check everything local first, then connect; the run is chosen from the VM's record."""
     directory = jobs_dir()
     pipeline = pipeline_run.load_checked(directory, overrides)
-    values = secrets.require({name: job.spec.secrets for name, job in pipeline.jobs.items()})
+    values = secrets.require({str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()})
     console.print(f"connecting to the VM ({'-H' if hasattr(c, 'host') else 'Pulumi stack outputs'})")
     workers = hosts.workers(c, pipeline.spec.vm.state_dir)
     for worker in workers:

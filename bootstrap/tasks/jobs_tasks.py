@@ -9,10 +9,10 @@ import sys
 from fabric import task
 
 from .. import runs
+from ..jobs import DEFERRED, render
 from ..paths import REPO, jobs_dir
 from ..pipeline_run import load_checked
-from ..jobs import DEFERRED, render
-from ..plan import plan_text, plan_dict
+from ..plan import plan_dict, plan_text
 from .common import ARG_HELP, RUN_HELP, console, reports_errors
 
 
@@ -38,8 +38,14 @@ def check(c, arg=None, python="python3"):
     for job in rendered:
         args = [DEFERRED.sub("0", a) for a in job.argv[3:]]
         console.print(f"{job.name}: checking with MaxText's validator ...")
-        result = subprocess.run([python, str(REPO / "bootstrap" / "remote" / "maxtext_check.py"), job.module, *args], capture_output=True, text=True)
-        console.print(f"{job.name}: {result.stdout.strip() or result.stderr.strip()[-500:]}", markup=False, highlight=False)
+        result = subprocess.run(
+            [python, str(REPO / "bootstrap" / "remote" / "maxtext_check.py"), job.module, *args],
+            capture_output=True,
+            text=True,
+        )
+        console.print(
+            f"{job.name}: {result.stdout.strip() or result.stderr.strip()[-500:]}", markup=False, highlight=False
+        )
         failed += result.returncode != 0
     if failed:
         sys.exit(2)

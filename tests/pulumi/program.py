@@ -12,9 +12,7 @@ import pulumi.runtime
 
 PROGRAM = Path(__file__).resolve().parents[2] / "__main__.py"
 FAKE_IP = "203.0.113.10"
-PUBLIC_KEY = (
-    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJdpTuWTtIyVcSQ6Zr2Vh4ZkD3tEeSz2bV6RIwdNv0s user@laptop"
-)
+PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJdpTuWTtIyVcSQ6Zr2Vh4ZkD3tEeSz2bV6RIwdNv0s user@laptop"
 BASE_CONFIG = {
     "gcp:project": "my-project",
     "gcp:zone": "us-east5-b",
@@ -68,9 +66,7 @@ def run_program(config: dict, drop: tuple[str, ...] = (), stack: Stack | None = 
         merged.pop(key)
     stack = stack if stack is not None else Stack()
     pulumi.runtime.set_mocks(RecordingMocks(stack), project="tpu-rl", stack="dev", preview=False)
-    pulumi.runtime.set_all_config(
-        {k: v if isinstance(v, str) else json.dumps(v) for k, v in merged.items()}
-    )
+    pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in merged.items()})
     exports: dict = {}
 
     @pulumi.runtime.test

@@ -32,4 +32,3 @@ def test_config_error_names_key_and_fix(config, drop, message):
     text = str(raised.value)
     assert message in text
     assert text.count("\n") <= 1  # one line: key, problem, fix
-

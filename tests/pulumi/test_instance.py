@@ -18,8 +18,7 @@ def test_machine_type(vm):
 
 def test_image_family_from_accelerator_images(vm):
     assert vm["bootDisk"]["initializeParams"]["image"] == (
-        "projects/ubuntu-os-accelerator-images/global/images/family/"
-        "ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+        "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
     )
 
 

@@ -22,7 +22,18 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-NETWORK_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+NETWORK_ENV = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin") or "/usr/sbin/sshd"
 
 
@@ -31,7 +42,9 @@ def python312() -> str:
     if found and subprocess.run([found, "-V"], capture_output=True).returncode == 0:
         return found
     result = subprocess.run(["pyenv", "prefix", "3.12"], capture_output=True, text=True)
-    candidate = Path(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "/nonexistent") / "bin" / "python3.12"
+    candidate = (
+        Path(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "/nonexistent") / "bin" / "python3.12"
+    )
     if not candidate.exists():
         raise RuntimeError("the SSH tests need a Python 3.12 (python3.12 on PATH or `pyenv install 3.12`)")
     return str(candidate)
@@ -68,7 +81,9 @@ def ssh_host(tmp_path_factory) -> Host:
     port = _free_port()
     config = root / "sshd_config"
     # The machine's own network settings (CA bundle, proxy, index), as a VM would have its own.
-    passed = " ".join(f"{k}={v}" for k, v in os.environ.items() if k in NETWORK_ENV or k.startswith("UV_") and " " not in v)
+    passed = " ".join(
+        f"{k}={v}" for k, v in os.environ.items() if k in NETWORK_ENV or k.startswith("UV_") and " " not in v
+    )
     config.write_text(
         f"""Port {port}
 ListenAddress 127.0.0.1
@@ -86,7 +101,8 @@ ClientAliveInterval 5
 """
     )
     Path("/run/sshd").mkdir(exist_ok=True)
-    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=open(root / "sshd.log", "w"))
+    with open(root / "sshd.log", "w") as log:
+        server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=log)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -96,7 +112,12 @@ ClientAliveInterval 5
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()}") from None
             time.sleep(0.1)
-    yield Host(port, root / "user_key", bin_dir, os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip())
+    yield Host(
+        port,
+        root / "user_key",
+        bin_dir,
+        os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip(),
+    )
     server.terminate()
     server.wait(timeout=10)
 
@@ -144,10 +165,24 @@ class Fab:
         return [str(fab), "-r", str(REPO), "-H", self.host.target, "-i", str(self.host.key), *args]
 
     def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(*args), env=self.env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            self.command(*args),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
 
     def start(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(self.command(*args), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            self.command(*args),
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
 
     def job_dir(self, run: str, job: str) -> Path:
         return self.tmp / "state" / "runs" / run / job

@@ -82,12 +82,18 @@ def event_record(step: int, scalars: dict[str, float]) -> bytes:
         tag_bytes = tag.encode()
         body = _field(1, 2, _varint(len(tag_bytes)) + tag_bytes) + _field(2, 5, struct.pack("<f", value))
         values += _field(1, 2, _varint(len(body)) + body)
-    event = _field(1, 1, struct.pack("<d", time.time())) + _field(2, 0, _varint(step)) + _field(5, 2, _varint(len(values)) + values)
+    event = (
+        _field(1, 1, struct.pack("<d", time.time()))
+        + _field(2, 0, _varint(step))
+        + _field(5, 2, _varint(len(values)) + values)
+    )
     header = struct.pack("<Q", len(event))
     return header + struct.pack("<I", _masked_crc(header)) + event + struct.pack("<I", _masked_crc(event))
 
 
 def file_version_record() -> bytes:
-    event = _field(1, 1, struct.pack("<d", time.time())) + _field(3, 2, _varint(len(b"brain.Event:2")) + b"brain.Event:2")
+    event = _field(1, 1, struct.pack("<d", time.time())) + _field(
+        3, 2, _varint(len(b"brain.Event:2")) + b"brain.Event:2"
+    )
     header = struct.pack("<Q", len(event))
     return header + struct.pack("<I", _masked_crc(header)) + event + struct.pack("<I", _masked_crc(event))

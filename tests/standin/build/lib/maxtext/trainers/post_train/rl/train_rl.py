@@ -44,7 +44,11 @@ def main() -> None:
             _standin.pause()
             if step == total // 2 + 1:
                 _standin.maybe_fail("train_rl")
-            scalars = {"rewards/train/score/mean": step / total, "actor/train/loss": 1.0 / step, "actor/train/kl": 0.01 * step}
+            scalars = {
+                "rewards/train/score/mean": step / total,
+                "actor/train/loss": 1.0 / step,
+                "actor/train/kl": 0.01 * step,
+            }
             events.write(_standin.event_record(step, scalars))
             events.flush()
             if step % CHECKPOINT_EVERY == 0 or step == total:

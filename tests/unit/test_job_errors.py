@@ -1,0 +1,135 @@
+"""Bad jobs and bad overrides: each stops before anything starts, naming file, key and fix."""
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap import secrets
+from bootstrap.errors import UserError
+from bootstrap.paths import REPO
+from bootstrap.pipeline_run import load_checked
+
+OVERRIDE_CASES = [
+    (
+        "train.num_batchs=3",
+        "--arg train.num_batchs=3: args.num_batchs: not a MaxText 0.2.3 config key; did you mean num_batches",
+    ),
+    (
+        "train.loss_algo=gspo-token",
+        "args.loss_algo: RL setting at the top level has no effect on RL training; write it as rl.loss_algo",
+    ),
+    ("train.rl.bogus=1", "args.rl.bogus: unknown key under rl. (MaxText would silently ignore it)"),
+    ("train.debug.verbose=1", "args.debug.verbose: unknown key under debug."),
+    (
+        "export.--lazy_load_tensors=False",
+        "--lazy_load_tensors is not a flag of maxtext.checkpoint_conversion.to_huggingface; it belongs to maxtext.checkpoint_conversion.to_maxtext",
+    ),
+    ("vars.model_name=llama3.1-8b-instruct", "'llama3.1-8b-instruct' is not one of"),
+    (
+        "train.base_emb_dim=1024",
+        "args.base_emb_dim: llama3.1-8b.yml (MaxText's model config) sets it to 4096; add override_model_config=True",
+    ),
+    ("train.num_batches=many", "args.num_batches: 'many' is not an integer"),
+    ("train.scan_layers=maybe", "args.scan_layers: 'maybe' is not a boolean"),
+    ("export.model_name=llama3.1-8b", "args.model_name: 'llama3.1-8b' differs from convert's 'llama3.1-8b-Instruct'"),
+    ("train", "--arg train: --arg: expected JOB.KEY=VALUE"),
+    ("bogus.x=1", "--arg bogus.x=1: bogus: no such job; use one of convert, train, export or vars"),
+    ("vars.work_dir=${nowhere}", "--arg vars.work_dir=${nowhere}: vars.work_dir: undefined variable ${nowhere}"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), OVERRIDE_CASES, ids=[c[0] for c in OVERRIDE_CASES])
+def test_bad_override(override, message):
+    with pytest.raises(UserError) as raised:
+        load_checked(REPO / "jobs", [override])
+    assert message in str(raised.value)
+
+
+def test_model_name_override_suggests_the_right_name():
+    with pytest.raises(UserError, match="did you mean llama3.1-8b-Instruct"):
+        load_checked(REPO / "jobs", ["vars.model_name=llama3.1-8b-instruct"])
+
+
+@pytest.fixture
+def jobs_copy(tmp_path) -> Path:
+    shutil.copytree(REPO / "jobs", tmp_path / "jobs")
+    return tmp_path / "jobs"
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+FILE_CASES = [
+    ("train.yaml", "  num_test_batches: 10\n", "  num_test_batches: [10\n", "not valid YAML"),
+    ("train.yaml", "  run_name: ${run_name}", "  run_name: ${nope}", "args.run_name: undefined variable ${nope}"),
+    (
+        "convert.yaml",
+        "secrets: [HF_TOKEN]",
+        "needs: [export]\nsecrets: [HF_TOKEN]",
+        "needs: dependency cycle: convert -> export -> train -> convert",
+    ),
+    ("train.yaml", "needs: [convert]", "needs: [convrt]", "needs: no job 'convrt'"),
+    ("export.yaml", "needs: [train]", "needs: [train]\ntimeout: 5", "timeout: unknown key (not part of the schema)"),
+    ("convert.yaml", "outputs:\n  - ${checkpoint_dir}/0/items\n", "", "outputs: Field required"),
+    ("convert.yaml", "secrets: [HF_TOKEN]", "secrets: [HF_TOKEN, AWS_KEY]", "secrets: unknown secret 'AWS_KEY'"),
+    ("pipeline.yaml", '  python: "3.12"', '  python: "3.12"\n  pyhton: "3.11"', "environment.pyhton: unknown key"),
+]
+
+
+@pytest.mark.parametrize(("file", "old", "new", "message"), FILE_CASES, ids=[c[3][:30] for c in FILE_CASES])
+def test_bad_job_file(jobs_copy, file, old, new, message):
+    path = jobs_copy / file
+    edit(path, old, new)
+    with pytest.raises(UserError) as raised:
+        pipeline = load_checked(jobs_copy, [])
+        secrets.require({str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()})
+    assert message in str(raised.value)
+    assert str(path) in str(raised.value)
+
+
+def test_error_points_at_the_line(jobs_copy):
+    path = jobs_copy / "train.yaml"
+    edit(path, "  chips_per_vm: 8", "  chips_per_vm: 8\n  loss_algo: grpo")
+    with pytest.raises(UserError) as raised:
+        load_checked(jobs_copy, [])
+    assert f"{path}:{line_of(path, 'loss_algo: grpo')}: args.loss_algo" in str(raised.value)
+
+
+def test_missing_token_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # no stored token either
+    monkeypatch.delenv("HF_TOKEN_PATH", raising=False)
+    with pytest.raises(UserError, match="jobs/train.yaml: secrets: HF_TOKEN is required but not set"):
+        secrets.require({"jobs/train.yaml": ["HF_TOKEN"]})
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(UserError) as raised:
+        load_checked(REPO / "jobs", ["train.loss_algo=grpo", "train.rl.bogus=1", "convert.num_batchs=2"])
+    assert len(raised.value.problems) == 3
+
+
+def fab(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True, env=env
+    )
+
+
+def test_fab_plan_fails_fast_with_the_message():
+    started = time.monotonic()
+    result = fab("plan", "--arg", "train.loss_algo=grpo")
+    took = time.monotonic() - started
+    assert result.returncode == 2
+    assert "write it as rl.loss_algo" in result.stderr
+    assert took < 30  # generous: the point is "before anything is contacted", not a benchmark

@@ -1,0 +1,122 @@
+"""The shipped jobs render to the reference workload's commands, corrected (workload.md 3 and 4)."""
+
+import os
+import shlex
+
+import pytest
+
+from bootstrap.jobcheck import check_pipeline
+from bootstrap.jobs import load_pipeline, render
+from bootstrap.paths import REPO
+
+RUN = "2026-11-30-12-00-00"
+# The guide's shared settings (section 3), and its commands with the four corrections applied:
+# the Instruct model name in every job, hardware=cpu skip_jax_distributed_system=true on export,
+# no hf_access_token argument, and RL keys under rl. (the guide sets none).
+GUIDE_VARS = {
+    "MODEL_NAME": "llama3.1-8b-Instruct",
+    "MODEL_CHECKPOINT_DIRECTORY": "/dev/shm/llama3.1-8b-Instruct/mt-format/",
+    "BASE_OUTPUT_DIRECTORY": "/dev/shm/llama3.1-8b-Instruct/post-train/",
+    "RUN_NAME": RUN,
+    "NUM_BATCHES": "50",
+}
+REFERENCE = {
+    "convert": """python3 -m maxtext.checkpoint_conversion.to_maxtext model_name=llama3.1-8b-Instruct
+      base_output_directory=$MODEL_CHECKPOINT_DIRECTORY scan_layers=True use_multimodal=False
+      hardware=cpu skip_jax_distributed_system=true
+      checkpoint_storage_use_zarr3=1 checkpoint_storage_use_ocdbt=1 --lazy_load_tensors=False""",
+    "train": """python3 -m maxtext.trainers.post_train.rl.train_rl model_name=llama3.1-8b-Instruct
+      load_parameters_path=$MODEL_CHECKPOINT_DIRECTORY/0/items run_name=$RUN_NAME
+      base_output_directory=$BASE_OUTPUT_DIRECTORY chips_per_vm=8 num_batches=50
+      num_test_batches=10 rollout_data_parallelism=1 rollout_tensor_parallelism=-1""",
+    "export": """python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=llama3.1-8b-Instruct
+      load_parameters_path=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/$NUM_BATCHES/model_params
+      base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained/ scan_layers=True
+      use_multimodal=False weight_dtype=bfloat16 hardware=cpu skip_jax_distributed_system=true""",
+}
+TRAIN_ENV = {
+    "TPU_ACCELERATOR_TYPE": "v6e-8",
+    "TPU_WORKER_ID": "0",
+    "TPU_NAME": "${hostname}",  # the guide's $(hostname), looked up on the VM
+    "TPU_SKIP_MDS_QUERY": "1",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "TPU_TOPOLOGY": "2x4",
+    "TPU_CHIPS_PER_HOST_BOUNDS": "2,4,1",
+    "TPU_HOST_BOUNDS": "1,1,1",
+}
+
+
+def normalize(arg: str) -> str:
+    """The guide's paths carry trailing and doubled slashes ($DIR/ + /0/items): compare them as paths."""
+    key, sep, value = arg.partition("=")
+    return f"{key}={os.path.normpath(value)}" if sep and value.startswith("/") else arg
+
+
+def reference_argv(job: str) -> list[str]:
+    text = REFERENCE[job]
+    for name, value in GUIDE_VARS.items():
+        text = text.replace(f"${name}", value)
+    return [normalize(a) for a in shlex.split(text)]
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    return {job.name: job for job in render(load_pipeline(REPO / "jobs", [], {"run_name": RUN}))}
+
+
+def test_run_order(jobs):
+    assert list(jobs) == ["convert", "train", "export"]
+
+
+@pytest.mark.parametrize("name", ["convert", "train"])
+def test_argv_matches_reference(jobs, name):
+    argv = jobs[name].argv
+    assert argv[0] == "~/maxtext_venv/bin/python3"
+    assert [normalize(a) for a in argv[1:]] == reference_argv(name)[1:]
+
+
+def test_export_argv_matches_reference_but_finds_the_last_step_itself(jobs):
+    expected = reference_argv("export")[1:]
+    actor = f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor"
+    expected[expected.index(f"load_parameters_path={actor}/50/model_params")] = (
+        f"load_parameters_path={actor}/${{latest_step:{actor}}}/model_params"
+    )
+    # Each run exports into its own folder, so a later run never overwrites an earlier export.
+    expected[expected.index("base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained")] += f"/{RUN}"
+    assert [normalize(a) for a in jobs["export"].argv[1:]] == expected
+
+
+def test_train_environment(jobs):
+    assert jobs["train"].env == TRAIN_ENV
+
+
+def test_token_only_as_a_declared_secret(jobs):
+    for job in jobs.values():
+        assert job.secrets == ["HF_TOKEN"]
+        assert not any("hf_access_token" in a or "HF_TOKEN" in a for a in job.argv)
+
+
+def test_outputs_decide_done(jobs):
+    assert jobs["convert"].outputs == ["/dev/shm/llama3.1-8b-Instruct/mt-format/0/items"]
+    assert jobs["train"].outputs == [f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor/*/model_params"]
+    assert jobs["export"].needs == ["train"]
+
+
+def test_shipped_jobs_pass_the_local_check():
+    assert check_pipeline(load_pipeline(REPO / "jobs", [], {"run_name": RUN})) == []
+
+
+def test_overrides_change_only_what_they_name():
+    overridden = {
+        j.name: j
+        for j in render(
+            load_pipeline(
+                REPO / "jobs",
+                ["train.num_batches=100", "train.rl.num_generations=4", "vars.model_name=llama3.1-8b-Instruct"],
+                {"run_name": RUN},
+            )
+        )
+    }
+    assert "num_batches=100" in overridden["train"].argv
+    assert overridden["train"].argv[-1] == "rl.num_generations=4"
+    assert "num_batches=50" not in overridden["train"].argv
