@@ -9,6 +9,7 @@ at a time holds the VM's lock.
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import os
 import shlex
@@ -47,8 +48,13 @@ class Session:
     def state_dir(self) -> str:
         return self.workers[0].state_dir
 
-    def job_dir(self, job: str) -> str:
-        return f"{self.state_dir}/runs/{self.run.name}/{job}"
+    def job_dir(self, job: RenderedJob) -> str:
+        """A job that depends on the run lives in the run; one that does not (convert) is shared
+        by runs with the same command, so a new run never converts, or overwrites, it again."""
+        spec = json.dumps([job.argv, job.env, job.outputs])
+        if self.run.name in spec:
+            return f"{self.state_dir}/runs/{self.run.name}/{job.name}"
+        return f"{self.state_dir}/shared/{job.name}-{hashlib.sha256(spec.encode()).hexdigest()[:12]}"
 
     def rendered(self, worker: Worker) -> dict[str, RenderedJob]:
         hostnames = ",".join(w.name for w in self.workers) if len(self.workers) > 1 else "localhost"
@@ -172,7 +178,7 @@ class Stage:
         self.session, self.name, self.job_dir, self.specs = session, name, job_dir, specs
 
     def states(self) -> list[dict]:
-        return [w.job_states([self.job_dir])[Path(self.job_dir).name] for w in self.session.workers]
+        return [w.job_states([self.job_dir])[0] for w in self.session.workers]
 
     def run(self, before_start=lambda: None) -> dict:
         """Bring the stage to done; return worker 0's final state or raise UserError."""
@@ -241,7 +247,7 @@ def stages(session: Session, only: list[str] | None = None) -> list[Stage]:
     result = [Stage(session, "setup", job_dir, [spec for _ in session.workers])]
     for name in names if only is None else [n for n in names if n in only]:
         specs = [job_spec(session, rendered[name]) for rendered in per_worker]
-        result.append(Stage(session, name, session.job_dir(name), specs))
+        result.append(Stage(session, name, session.job_dir(per_worker[0][name]), specs))
     return result
 
 

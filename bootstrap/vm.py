@@ -80,7 +80,7 @@ class Worker:
         self.conn.put(io.BytesIO(value.encode()), remote=path)
         return True
 
-    def job_states(self, job_dirs: list[str]) -> dict[str, dict]:
+    def job_states(self, job_dirs: list[str]) -> list[dict]:
         return json.loads(self.check(shlex.join(["python3", self.runner, "status", *job_dirs]), "reading job state"))
 
     def launch(self, job_dir: str, spec: dict) -> None:

@@ -157,7 +157,7 @@ def _watch_steps(progress: dict, log, stop: threading.Event) -> None:
     """Write `[tpu-rl] step k/N` to the log whenever the trainer's event files advance."""
     last = None
     directory = os.path.expanduser(progress["tensorboard_dir"])
-    while not stop.wait(progress.get("interval", 10)):
+    while not stop.wait(float(os.environ.get("TPU_RL_POLL_SECONDS", "10"))):
         try:
             step = max_event_step(directory)
         except OSError:
@@ -310,7 +310,7 @@ def main(argv: list[str]) -> int:
     if command == "run":
         return run(args[0])
     if command == "status":
-        print(json.dumps({os.path.basename(d.rstrip("/")): job_state(os.path.expanduser(d)) for d in args}))
+        print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
         return 0
     if command == "lock":
         return hold_lock(os.path.expanduser(args[0]), args[1])

@@ -8,9 +8,8 @@ from datetime import datetime
 from fabric import task
 from rich.table import Table
 
-from .. import pipeline_run
 from ..errors import UserError
-from ..pipeline_run import Session, owner, run_stages, stages
+from ..pipeline_run import Session, Stage, owner, run_stages, stages
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
@@ -27,11 +26,12 @@ def _run(c, arg, run_name, only: list[str] | None, new_run: bool = False) -> Ses
     return session
 
 
-def _require_needs(session: Session, selected: list) -> None:
+def _require_needs(session: Session, selected: list[Stage]) -> None:
     """A single job runs only when the jobs it needs are done."""
+    by_name = {stage.name: stage for stage in stages(session)}
     for stage in selected:
         for need in session.rendered(session.workers[0])[stage.name].needs:
-            state = session.workers[0].job_states([session.job_dir(need)])[need]["state"]
+            state = by_name[need].states()[0]["state"]
             if state != "done":
                 raise UserError(f"{stage.name} needs {need}, which is {state}: run fab {need} or fab train")
 
@@ -82,16 +82,14 @@ def status(c, arg=None, run_name=None):
     table = Table(title=f"run {session.run.name}")
     for column in ("worker", "job", "state", "started", "duration", "outputs"):
         table.add_column(column)
+    all_stages = stages(session)
     for worker in session.workers:
-        names = [s.name for s in stages(session)]
-        dirs = [pipeline_run.setup_spec(session)[0]] + [session.job_dir(n) for n in names[1:]]
-        states = worker.job_states(dirs)
-        for name, directory in zip(names, dirs, strict=True):
-            state = states[directory.rsplit("/", 1)[1]]
+        states = worker.job_states([stage.job_dir for stage in all_stages])
+        for stage, state in zip(all_stages, states, strict=True):
             took = (state.get("finished") or 0) - (state.get("started") or 0)
             duration = f"{took / 60:.1f} min" if state.get("finished") and state.get("started") else "-"
             outputs = "\n".join(state.get("outputs") or state.get("missing") or []) or "-"
-            table.add_row(worker.name, name, state["state"], _clock(state.get("started")), duration, outputs)
+            table.add_row(worker.name, stage.name, state["state"], _clock(state.get("started")), duration, outputs)
     console.print(table)
 
 
@@ -100,20 +98,18 @@ def status(c, arg=None, run_name=None):
 def logs(c, job=None, run_name=None):
     """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
     session = open_session(c, [], run_name)
-    names = [s.name for s in stages(session)]
-    dirs = {name: session.job_dir(name) for name in names[1:]}
-    dirs["setup"] = pipeline_run.setup_spec(session)[0]
+    all_stages = {stage.name: stage for stage in stages(session)}
     worker = session.workers[0]
     if job is None:
-        states = worker.job_states(list(dirs.values()))
-        started = [n for n in names if states[dirs[n].rsplit("/", 1)[1]]["state"] != "pending"]
-        running = [n for n in started if states[dirs[n].rsplit("/", 1)[1]]["state"] == "running"]
+        states = dict(zip(all_stages, worker.job_states([s.job_dir for s in all_stages.values()]), strict=True))
+        started = [name for name, state in states.items() if state["state"] != "pending"]
+        running = [name for name in started if states[name]["state"] == "running"]
         job = (running or started or ["setup"])[-1]
-    if job not in dirs:
-        raise UserError(f"no job {job!r}; jobs are {', '.join(names)}")
+    if job not in all_stages:
+        raise UserError(f"no job {job!r}; jobs are {', '.join(all_stages)}")
     console.print(f"following {job} on {worker.name} (Ctrl-C stops following; the job goes on)", style="dim")
     out = sys.stdout
     try:
-        worker.follow(dirs[job], lambda line: out.write(line + "\n"))
+        worker.follow(all_stages[job].job_dir, lambda line: out.write(line + "\n"))
     except KeyboardInterrupt:
         console.print("\nstopped following; the job goes on", style="dim")

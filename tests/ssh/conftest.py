@@ -95,7 +95,7 @@ UsePAM no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
-SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin {passed}
+SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin TPU_RL_POLL_SECONDS=0.2 {passed}
 Subsystem sftp internal-sftp
 ClientAliveInterval 5
 """

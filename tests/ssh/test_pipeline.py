@@ -1,0 +1,100 @@
+"""fab train against a real SSH server: fresh runs, no-op re-runs, failures, retries."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from .conftest import Fab
+
+
+def current_run(fab: Fab) -> str:
+    return (fab.tmp / "state" / "current-run").read_text().strip()
+
+
+def test_fresh_run_goes_through_all_jobs_then_a_second_is_a_no_op(fab: Fab):
+    first = fab("train", "--arg", "vars.num_batches=4")
+    assert first.returncode == 0, first.stderr
+    run = current_run(fab)
+    for job in ("convert", "train", "export"):
+        assert f"{job}: starting on 1 worker(s)" in first.stdout
+    for job in ("train", "export"):
+        assert (fab.job_dir(run, job) / "done").exists()
+    # convert does not depend on the run: it is shared by every run with the same command.
+    assert len(list((fab.tmp / "state" / "shared").glob("convert-*/done"))) == 1
+    export = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
+    assert sorted(p.name for p in export.iterdir()) == [
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+    ]
+    # The export job found the last step itself (4), not a step assumed from the config.
+    assert json.loads((export / "config.json").read_text())["exported_from"].endswith(f"{run}/checkpoints/actor/4/model_params")
+
+    second = fab("train", "--arg", "vars.num_batches=4")
+    assert second.returncode == 0, second.stderr
+    assert "starting on" not in second.stdout
+    for stage in ("setup", "convert", "train", "export"):
+        assert f"{stage}: done already" in second.stdout
+    assert current_run(fab) == run
+
+
+def test_failing_job_shows_its_log_and_the_next_run_retries_only_it(fab: Fab):
+    failed = fab("train", "--arg", "vars.num_batches=4", "--arg", "train.env.STANDIN_FAIL=1")
+    assert failed.returncode == 2
+    assert "train failed on 127.0.0.1: exited with 1" in failed.stderr
+    assert "fab logs train" in failed.stderr
+    assert "--- last 30 lines of" in failed.stdout
+    assert "RuntimeError: simulated failure (STANDIN_FAIL)" in failed.stdout
+    assert "export: starting" not in failed.stdout
+    run = current_run(fab)
+    assert not (fab.job_dir(run, "train") / "done").exists()
+
+    retried = fab("train", "--arg", "vars.num_batches=4")
+    assert retried.returncode == 0, retried.stderr
+    assert "convert: done already" in retried.stdout
+    assert "train: last attempt failed, retrying" in retried.stdout
+    assert "export: starting on 1 worker(s)" in retried.stdout
+    # Same run, so MaxText resumes from the checkpoint the failed attempt left.
+    assert "Restoring checkpoint from step 2" in (fab.job_dir(run, "train") / "log").read_text()
+
+
+def test_a_done_job_whose_outputs_vanished_runs_again(fab: Fab):
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    run = current_run(fab)
+    shutil.rmtree(fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run)  # as a VM restart wipes /dev/shm
+    again = fab("train", "--arg", "vars.num_batches=2")
+    assert again.returncode == 0, again.stderr
+    assert "train: done already" in again.stdout
+    assert "export: was done but its outputs are gone" in again.stdout
+
+
+def test_a_single_job_needs_its_dependencies_done(fab: Fab):
+    result = fab("export")
+    assert result.returncode == 2
+    assert "export needs train, which is pending: run fab train" in result.stderr
+
+
+def test_new_run_option_starts_a_fresh_run(fab: Fab):
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    first = current_run(fab)
+    second = fab("train", "--arg", "vars.num_batches=2", "--run-name", "second-run")
+    assert second.returncode == 0, second.stderr
+    assert "run second-run (given with --run-name)" in second.stdout
+    assert "convert: done already" in second.stdout  # shared by runs
+    assert "train: starting" in second.stdout
+    assert current_run(fab) == "second-run" != first
+
+
+def test_status_and_logs(fab: Fab):
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    status = fab("status")
+    assert status.returncode == 0, status.stderr
+    for job in ("setup", "convert", "train", "export"):
+        assert any(job in line and "done" in line for line in status.stdout.splitlines()), status.stdout
+    logs = fab("logs", "--job", "train")
+    assert logs.returncode == 0, logs.stderr
+    assert "RL Training Completed Successfully!" in logs.stdout
+    assert "Post RL Training: corr=" in logs.stdout
