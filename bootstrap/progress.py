@@ -122,7 +122,9 @@ class JobProgress:
             if self.phase != update.text or self.count_started is None:
                 self.phase, self.count_started = update.text, (self.clock(), update.done)
                 if self.bar is None:
-                    self.console.print(f"[{self.job}] {update.text} {update.done}/{update.total}", markup=False, highlight=False)
+                    self.console.print(
+                        f"[{self.job}] {update.text} {update.done}/{update.total}", markup=False, highlight=False
+                    )
             self.count = (update.done, update.total)
             if self.bar:
                 self.bar.update(self.task, description=update.text, completed=update.done, total=update.total)

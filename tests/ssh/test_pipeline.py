@@ -31,7 +31,9 @@ def test_fresh_run_goes_through_all_jobs_then_a_second_is_a_no_op(fab: Fab):
         "tokenizer.json",
     ]
     # The export job found the last step itself (4), not a step assumed from the config.
-    assert json.loads((export / "config.json").read_text())["exported_from"].endswith(f"{run}/checkpoints/actor/4/model_params")
+    assert json.loads((export / "config.json").read_text())["exported_from"].endswith(
+        f"{run}/checkpoints/actor/4/model_params"
+    )
 
     second = fab("train", "--arg", "vars.num_batches=4")
     assert second.returncode == 0, second.stderr
