@@ -4,11 +4,11 @@ The local job check (bootstrap/jobcheck.py) validates MaxText keys without
 importing MaxText (which needs JAX and Python 3.12). It reads the facts it
 needs from this data file, and this script is the only thing that writes it.
 
-Run it with a Python 3.12 interpreter where `maxtext==0.2.3` and its config
-dependencies are importable (tests/maxtext_env.py builds one):
+Run it with the Python of the MaxText config venv (scripts/maxtext_config_env.py):
 
-    python scripts/generate_maxtext_schema.py            # rewrite the file
-    python scripts/generate_maxtext_schema.py --check    # exit 1 if it differs
+    PY=$(python scripts/maxtext_config_env.py)
+    $PY scripts/generate_maxtext_schema.py            # rewrite the file
+    $PY scripts/generate_maxtext_schema.py --check    # exit 1 if it differs
 """
 
 from __future__ import annotations

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scripts.maxtext_config_env import python312
+
 REPO = Path(__file__).resolve().parents[2]
 NETWORK_ENV = (
     "SSL_CERT_FILE",
@@ -35,19 +37,6 @@ NETWORK_ENV = (
     "no_proxy",
 )
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin") or "/usr/sbin/sshd"
-
-
-def python312() -> str:
-    found = shutil.which("python3.12")
-    if found and subprocess.run([found, "-V"], capture_output=True).returncode == 0:
-        return found
-    result = subprocess.run(["pyenv", "prefix", "3.12"], capture_output=True, text=True)
-    candidate = (
-        Path(result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "/nonexistent") / "bin" / "python3.12"
-    )
-    if not candidate.exists():
-        raise RuntimeError("the SSH tests need a Python 3.12 (python3.12 on PATH or `pyenv install 3.12`)")
-    return str(candidate)
 
 
 def _free_port() -> int:

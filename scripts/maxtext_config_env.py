@@ -1,0 +1,74 @@
+"""Build (once) a Python 3.12 venv where MaxText 0.2.3's config validator runs on CPU.
+
+    python scripts/maxtext_config_env.py     # prints the venv's python
+
+Used by `fab check --python ...`, by scripts/generate_maxtext_schema.py and by the
+tests. `import maxtext` pulls in JAX and more, so the venv holds maxtext 0.2.3
+without its extras plus exactly what its config modules import (pinned to the
+versions this was verified with). Cached in ~/.cache/tpu-rl (TPU_RL_MAXTEXT_VENV).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGES = [
+    "maxtext==0.2.3",
+    "jax==0.12.0.1",
+    "jaxlib==0.12.0.1",
+    "flax==0.12.12",
+    "omegaconf==2.4.0",
+    "pydantic==2.14.4",
+    "jinja2==3.1.6",
+    "pyyaml==6.0.4",
+    "transformers==5.24.0",
+    "pathwaysutils==0.1.13",
+    "aqtp==0.9.0",
+    "qwix==0.1.8",
+    "tokamax==0.0.17",
+    "grain==0.2.18",
+    "pillow==13.0.0",
+    "tiktoken==0.14.0",
+    "sentencepiece==0.2.3",
+    "sympy==1.14.0",
+]
+VENV = Path(os.environ.get("TPU_RL_MAXTEXT_VENV") or Path.home() / ".cache" / "tpu-rl" / "maxtext-0.2.3-config")
+
+
+def python312() -> str:
+    """A Python 3.12: python3.12 on PATH, else pyenv's."""
+    found = shutil.which("python3.12")
+    if found and subprocess.run([found, "-V"], capture_output=True).returncode == 0:
+        return found
+    prefix = subprocess.run(["pyenv", "prefix", "3.12"], capture_output=True, text=True).stdout.strip()
+    candidate = Path(prefix.splitlines()[-1] if prefix else "/nonexistent") / "bin" / "python3.12"
+    if not candidate.exists():
+        raise SystemExit("needs a Python 3.12: put python3.12 on PATH or run `pyenv install 3.12`")
+    return str(candidate)
+
+
+def uv() -> str:
+    return shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+
+
+def ensure() -> Path:
+    """The venv's python, built if missing or if PACKAGES changed."""
+    stamp = VENV / "tpu-rl-packages.sha256"
+    digest = hashlib.sha256("\n".join(PACKAGES).encode()).hexdigest()
+    python = VENV / "bin" / "python"
+    if python.exists() and stamp.exists() and stamp.read_text() == digest:
+        return python
+    print(f"building the MaxText config venv in {VENV} (once; uv caches the downloads)", file=sys.stderr)
+    subprocess.run([uv(), "venv", "--clear", "--quiet", "--python", python312(), str(VENV)], check=True)
+    subprocess.run([uv(), "pip", "install", "--quiet", "--python", str(python), *PACKAGES], check=True)
+    stamp.write_text(digest)
+    return python
+
+
+if __name__ == "__main__":
+    print(ensure())
