@@ -142,6 +142,33 @@ class Worker:
             on_idle,
         )
 
+    def list_files(self, directory: str) -> dict[str, int]:
+        """Files below `directory` (relative path -> size); empty if it does not exist."""
+        output = self.run(f"cd {shlex.quote(directory)} 2>/dev/null && find . -type f -printf '%s\\t%P\\n'").stdout
+        return {path: int(size) for size, path in (line.split("\t", 1) for line in output.splitlines())}
+
+    def download(self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None) -> dict[str, int]:
+        """Copy a remote folder file by file; files already here at the same size are kept (resumable).
+
+        Each file lands under a .part name and is renamed only when complete.
+        """
+        files = self.list_files(directory)
+        if not files:
+            raise UserError(f"{self.name}: nothing to download in {directory}")
+        for path, size in sorted(files.items()):
+            target = local / path
+            if target.exists() and target.stat().st_size == size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".part")
+            self.conn.get(f"{directory}/{path}", local=str(partial))
+            partial.replace(target)
+            on_file(path, size)
+        wrong = [p for p, size in files.items() if (local / p).stat().st_size != size]
+        if wrong:
+            raise UserError(f"downloaded sizes differ from the VM for {', '.join(wrong)}; run the command again")
+        return files
+
     def log_tail(self, job_dir: str, lines: int = 30) -> str:
         return self.run(f"tail -n {lines} {shlex.quote(job_dir)}/log").stdout
 

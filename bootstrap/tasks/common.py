@@ -31,11 +31,17 @@ def reports_errors(body: Callable) -> Callable:
     return wrapper
 
 
-def open_session(c: Context, overrides: list[str], run_name: str | None = None, new_run: bool = False) -> Session:
-    """Check everything local first, then connect; the run is chosen from the VM's record."""
+def open_session(
+    c: Context, overrides: list[str], run_name: str | None = None, new_run: bool = False, runs_jobs: bool = True
+) -> Session:
+    """Check everything local first, then connect; the run is chosen from the VM's record.
+
+    Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting.
+    """
     directory = jobs_dir()
     pipeline = pipeline_run.load_checked(directory, overrides)
-    values = secrets.require({str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()})
+    sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
+    values = secrets.require(sources) if runs_jobs else {}
     console.print(f"connecting to the VM ({'-H' if hasattr(c, 'host') else 'Pulumi stack outputs'})")
     workers = hosts.workers(c, pipeline.spec.vm.state_dir)
     for worker in workers:

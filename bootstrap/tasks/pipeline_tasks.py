@@ -78,7 +78,7 @@ def _clock(ts):
 @reports_errors
 def status(c, arg=None, run_name=None):
     """Show each job of the run: state, start, duration, outputs."""
-    session = open_session(c, arg or [], run_name)
+    session = open_session(c, arg or [], run_name, runs_jobs=False)
     table = Table(title=f"run {session.run.name}")
     for column in ("worker", "job", "state", "started", "duration", "outputs"):
         table.add_column(column)
@@ -97,7 +97,7 @@ def status(c, arg=None, run_name=None):
 @reports_errors
 def logs(c, job=None, run_name=None):
     """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
-    session = open_session(c, [], run_name)
+    session = open_session(c, [], run_name, runs_jobs=False)
     all_stages = {stage.name: stage for stage in stages(session)}
     worker = session.workers[0]
     if job is None:

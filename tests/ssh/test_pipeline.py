@@ -100,3 +100,28 @@ def test_status_and_logs(fab: Fab):
     assert logs.returncode == 0, logs.stderr
     assert "RL Training Completed Successfully!" in logs.stdout
     assert "Post RL Training: corr=" in logs.stdout
+
+
+def test_metrics_and_download_after_a_run(fab: Fab):
+    assert fab("train", "--arg", "vars.num_batches=12").returncode == 0
+    run = current_run(fab)
+    result = fab("metrics")
+    assert result.returncode == 0, result.stderr
+    folder = fab.tmp / "runs" / run
+    rows = (folder / "metrics.csv").read_text().splitlines()
+    assert rows[0] == "step,actor/train/kl,actor/train/loss,rewards/train/score/mean"
+    assert len(rows) == 13  # header + 12 steps
+    assert (folder / "evals.csv").read_text().count("\n") == 4  # header, before, step 10, after
+    assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(summary["jobs"]) == {"setup", "convert", "train", "export"}
+
+    first = fab("download")
+    assert first.returncode == 0, first.stderr
+    model = folder / "model"
+    remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == {p.name: p.read_bytes() for p in remote.iterdir()}
+    (model / "config.json").unlink()  # an interrupted download: only the missing file moves again
+    again = fab("download")
+    assert again.returncode == 0, again.stderr
+    assert "config.json" in again.stdout and "safetensors" not in again.stdout

@@ -1,0 +1,112 @@
+"""The run's training metrics as files a person can keep and compare: CSV, a PNG, a summary.
+
+Reads the trainer's TensorBoard event files with TensorBoard's own reader (scalars
+written as simple values or as tensors both count) and the eval results that
+`fab train` collected from the log.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator  # noqa: E402
+from tensorboard.util import tensor_util  # noqa: E402
+
+PANELS = {
+    "reward": "rewards/train/score/mean",
+    "loss": "actor/train/loss",
+    "KL": "actor/train/kl",
+}
+Series = dict[str, dict[int, float]]  # tag -> step -> value
+
+
+def read_events(folder: Path) -> Series:
+    """Every scalar in every event file below `folder`, by tag and step (later files win)."""
+    series: Series = {}
+    for path in sorted(folder.rglob("*tfevents*")):
+        acc = EventAccumulator(str(path), size_guidance={SCALARS: 0, TENSORS: 0})
+        acc.Reload()
+        tags = acc.Tags()
+        for tag in tags.get("scalars", []):
+            for event in acc.Scalars(tag):
+                series.setdefault(tag, {})[event.step] = event.value
+        for tag in tags.get("tensors", []):
+            for event in acc.Tensors(tag):
+                value = tensor_util.make_ndarray(event.tensor_proto)
+                if value.size == 1:
+                    series.setdefault(tag, {})[event.step] = float(value.reshape(-1)[0])
+    return series
+
+
+def write_csv(series: Series, path: Path) -> None:
+    """One row per step, one column per tag."""
+    tags = sorted(series)
+    steps = sorted({step for values in series.values() for step in values})
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["step", *tags])
+        for step in steps:
+            writer.writerow([step, *(series[tag].get(step, "") for tag in tags)])
+
+
+def write_evals_csv(evals: list[dict], path: Path) -> None:
+    columns = ["phase", "step", "accuracy", "format_accuracy", "partial_accuracy", "mean_reward", "corr", "total"]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(evals)
+
+
+def eval_steps(evals: list[dict], last_step: int) -> list[tuple[int, float, str]]:
+    """(step, accuracy, label) for each eval: before training at 0, after at the last step."""
+    points = []
+    for e in evals:
+        step = {"pre": 0, "post": last_step}.get(e["phase"], e.get("step") or 0)
+        points.append((step, e["accuracy"], {"pre": "before", "post": "after"}.get(e["phase"], f"step {step}")))
+    return points
+
+
+def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
+    figure, axes = plt.subplots(len(PANELS), 1, figsize=(9, 9), sharex=True)
+    last_step = max((max(v) for v in series.values() if v), default=0)
+    for ax, (label, tag) in zip(axes, PANELS.items(), strict=True):
+        values = series.get(tag, {})
+        steps = sorted(values)
+        ax.plot(steps, [values[s] for s in steps], marker="." if len(steps) < 60 else None, label=tag)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if not steps:
+            ax.text(0.5, 0.5, f"no {tag} in the event files", ha="center", transform=ax.transAxes)
+    if evals:
+        accuracy = axes[0].twinx()
+        points = eval_steps(evals, last_step)
+        accuracy.plot([p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label="GSM8K accuracy %")
+        for step, value, text in points:
+            accuracy.annotate(f"{text}: {value:.1f}%", (step, value), textcoords="offset points", xytext=(4, 6), fontsize=8)
+        accuracy.set_ylabel("eval accuracy %")
+        accuracy.legend(loc="lower right")
+    axes[-1].set_xlabel("training step")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def summarize(record, path: Path) -> dict:
+    """Per-job durations, evals and durable copies: what to compare with the next run."""
+    jobs = {
+        name: {
+            "state": info.get("state"),
+            "minutes": round((info["finished"] - info["started"]) / 60, 2) if info.get("finished") and info.get("started") else None,
+        }
+        for name, info in record.jobs.items()
+    }
+    summary = {"run": record.name, "jobs": jobs, "evals": record.evals, "results": record.results}
+    path.write_text(json.dumps(summary, indent=1))
+    return summary

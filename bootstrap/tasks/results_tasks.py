@@ -1,0 +1,52 @@
+"""Tasks that bring results home: metrics, plots and the exported model."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from fabric import task
+
+from .. import metrics
+from ..errors import UserError
+from .common import RUN_HELP, console, open_session, reports_errors
+
+
+@task(name="metrics", help={"run_name": RUN_HELP})
+@reports_errors
+def fetch_metrics(c, run_name=None):
+    """Copy the run's training metrics from the VM; write CSV, a PNG plot and a summary locally."""
+    session = open_session(c, [], run_name, runs_jobs=False)
+    train = session.rendered(session.workers[0]).get("train")
+    if train is None or not train.progress:
+        raise UserError("the pipeline has no train job with progress.tensorboard_dir: nothing to read")
+    folder = session.run.folder
+    events = folder / "tensorboard"
+    console.print(f"copying event files from {session.workers[0].name}:{train.progress['tensorboard_dir']}")
+    session.workers[0].download(train.progress["tensorboard_dir"], events)
+    series = metrics.read_events(events)
+    metrics.write_csv(series, folder / "metrics.csv")
+    metrics.write_evals_csv(session.run.evals, folder / "evals.csv")
+    metrics.plot(series, session.run.evals, folder / "metrics.png", f"run {session.run.name}")
+    (folder / "jobs.json").write_text(json.dumps(session.run.rendered, indent=1))
+    metrics.summarize(session.run, folder / "summary.json")
+    steps = max((max(v) for v in series.values() if v), default=0)
+    console.print(f"{len(series)} metrics over {steps} steps, {len(session.run.evals)} evals")
+    for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
+        console.print(f"  {folder / name}")
+
+
+@task(help={"dest": "local folder (default runs/<run>/model)", "run_name": RUN_HELP})
+@reports_errors
+def download(c, dest=None, run_name=None):
+    """Copy the exported model from the VM to this machine (resumable, sizes verified)."""
+    session = open_session(c, [], run_name, runs_jobs=False)
+    export = session.rendered(session.workers[0]).get("export")
+    if export is None:
+        raise UserError("the pipeline has no export job")
+    remote = os.path.dirname(export.outputs[0])
+    local = Path(dest) if dest else session.run.folder / "model"
+    console.print(f"downloading {session.workers[0].name}:{remote} to {local}")
+    files = session.workers[0].download(remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)"))
+    console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, sizes verified: {local}")
