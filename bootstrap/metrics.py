@@ -86,9 +86,14 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
     if evals:
         accuracy = axes[0].twinx()
         points = eval_steps(evals, last_step)
-        accuracy.plot([p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label="GSM8K accuracy %")
+        accuracy.plot(
+            [p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label="GSM8K accuracy %"
+        )
         for step, value, text in points:
-            accuracy.annotate(f"{text}: {value:.1f}%", (step, value), textcoords="offset points", xytext=(4, 6), fontsize=8)
+            offset = (-70, -12) if step == last_step else (4, 6)  # keep the last label inside the frame
+            accuracy.annotate(
+                f"{text}: {value:.1f}%", (step, value), textcoords="offset points", xytext=offset, fontsize=8
+            )
         accuracy.set_ylabel("eval accuracy %")
         accuracy.legend(loc="lower right")
     axes[-1].set_xlabel("training step")
@@ -103,7 +108,9 @@ def summarize(record, path: Path) -> dict:
     jobs = {
         name: {
             "state": info.get("state"),
-            "minutes": round((info["finished"] - info["started"]) / 60, 2) if info.get("finished") and info.get("started") else None,
+            "minutes": round((info["finished"] - info["started"]) / 60, 2)
+            if info.get("finished") and info.get("started")
+            else None,
         }
         for name, info in record.jobs.items()
     }

@@ -174,8 +174,10 @@ def preflight(session: Session) -> None:
 class Stage:
     """One job (or the setup) across all workers: its state, and how to run it to done."""
 
-    def __init__(self, session: Session, name: str, job_dir: str, specs: list[dict]):
+    def __init__(self, session: Session, name: str, job_dir: str, specs: list[dict], target: str = ""):
         self.session, self.name, self.job_dir, self.specs = session, name, job_dir, specs
+        self.target = target  # where a publish stage puts the model
+        self.before_start = lambda: None
 
     def states(self) -> list[dict]:
         return [w.job_states([self.job_dir])[0] for w in self.session.workers]

@@ -59,9 +59,9 @@ class VmSpec(Strict):
 class ResultsSpec(Strict):
     """Durable copies of the export: the Hugging Face Hub and/or the stack's bucket."""
 
-    hub_repo: str = ""
+    hub_repo: str = ""  # e.g. you/llama3.1-8b-instruct-grpo
     hub_private: bool = True
-    gcs: bool = False
+    gcs: str = Field("", pattern=r"^(|stack|gs://.+)$")  # "stack": the Pulumi stack's bucket
 
 
 class PipelineSpec(Strict):

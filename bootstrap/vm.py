@@ -53,7 +53,7 @@ class Worker:
     def install_scripts(self) -> None:
         """Copy the VM-side scripts (small; done on every command so they always match)."""
         self.check(f"mkdir -p {shlex.quote(self.state_dir)}/bin", "creating the state directory")
-        for script in ("jobrunner.py", "maxtext_check.py"):
+        for script in ("jobrunner.py", "maxtext_check.py", "hub_upload.py", "gcs_upload.py"):
             self.conn.put(str(REMOTE_SCRIPTS / script), remote=f"{self.state_dir}/bin/{script}")
 
     def tool(self, *args: str, stdin: str | None = None) -> Result:
@@ -147,7 +147,9 @@ class Worker:
         output = self.run(f"cd {shlex.quote(directory)} 2>/dev/null && find . -type f -printf '%s\\t%P\\n'").stdout
         return {path: int(size) for size, path in (line.split("\t", 1) for line in output.splitlines())}
 
-    def download(self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None) -> dict[str, int]:
+    def download(
+        self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None
+    ) -> dict[str, int]:
         """Copy a remote folder file by file; files already here at the same size are kept (resumable).
 
         Each file lands under a .part name and is renamed only when complete.

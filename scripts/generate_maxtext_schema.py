@@ -73,6 +73,7 @@ def model_keys(configs_dir: Path) -> dict[str, dict]:
 def build() -> dict:
     from maxtext.configs import pyconfig
     from maxtext.configs.types import MaxTextConfig
+    from maxtext.utils.globals import HF_IDS
     from pydantic import BaseModel
 
     top = MaxTextConfig.model_fields
@@ -91,6 +92,7 @@ def build() -> dict:
         "fields": {name: desc for name, desc in fields_of(MaxTextConfig).items() if name not in nested},
         "nested": nested,
         "model_keys": model_keys(Path(pyconfig.MAXTEXT_CONFIGS_DIR)),
+        "hf_ids": dict(sorted(HF_IDS.items())),  # model_name -> the Hugging Face repo it converts from
     }
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from invoke import Context, Exit
 from rich.console import Console
 
-from .. import hosts, pipeline_run, runs, secrets
+from .. import hosts, hub, pipeline_run, runs, secrets
 from ..errors import UserError
 from ..paths import jobs_dir
 from ..pipeline_run import Session
@@ -42,6 +42,10 @@ def open_session(
     pipeline = pipeline_run.load_checked(directory, overrides)
     sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
     values = secrets.require(sources) if runs_jobs else {}
+    if "HF_TOKEN" in values:
+        console.print("checking the Hugging Face token")
+        for line in hub.preflight(values["HF_TOKEN"], hub.base_model_of(pipeline), pipeline.spec.results.hub_repo):
+            console.print(f"  {line}")
     console.print(f"connecting to the VM ({'-H' if hasattr(c, 'host') else 'Pulumi stack outputs'})")
     workers = hosts.workers(c, pipeline.spec.vm.state_dir)
     for worker in workers:

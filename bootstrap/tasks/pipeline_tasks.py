@@ -10,12 +10,14 @@ from rich.table import Table
 
 from ..errors import UserError
 from ..pipeline_run import Session, Stage, owner, run_stages, stages
+from ..publish import publish_after_train
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
 
 
-def _run(c, arg, run_name, only: list[str] | None, new_run: bool = False) -> Session:
+def _run(c, arg, run_name, only: list[str] | None, new_run: bool = False, after=lambda session: None) -> None:
+    """Run the selected stages, and then `after`, while holding the VM's lock."""
     session = open_session(c, arg or [], run_name, new_run)
     with session.workers[0].lock(owner()):
         prepare(session)
@@ -23,7 +25,7 @@ def _run(c, arg, run_name, only: list[str] | None, new_run: bool = False) -> Ses
         if only:
             _require_needs(session, selected[1:])
         run_stages(session, selected)
-    return session
+        after(session)
 
 
 def _require_needs(session: Session, selected: list[Stage]) -> None:
@@ -50,10 +52,7 @@ def setup(c, arg=None):
 @reports_errors
 def train(c, arg=None, run_name=None, new_run=False):
     """Set up the VM, then convert -> train -> export; safe to interrupt and run again."""
-    from ..publish import publish_after_train
-
-    session = _run(c, arg, run_name, None, new_run)
-    publish_after_train(session)
+    _run(c, arg, run_name, None, new_run, after=publish_after_train)
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)

@@ -48,5 +48,7 @@ def download(c, dest=None, run_name=None):
     remote = os.path.dirname(export.outputs[0])
     local = Path(dest) if dest else session.run.folder / "model"
     console.print(f"downloading {session.workers[0].name}:{remote} to {local}")
-    files = session.workers[0].download(remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)"))
+    files = session.workers[0].download(
+        remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)")
+    )
     console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, sizes verified: {local}")

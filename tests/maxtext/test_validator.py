@@ -22,7 +22,9 @@ def maxtext_python() -> Path:
 
 
 def fab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True)
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True
+    )
 
 
 def test_maxtext_accepts_the_shipped_jobs(maxtext_python):
@@ -35,13 +37,21 @@ def test_maxtext_accepts_the_shipped_jobs(maxtext_python):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["model_name=llama3.1-8b-instruct"], "MAXTEXT CONFIG ERROR: 1 validation error for MaxTextConfig model_name Input should be"),
+        (
+            ["model_name=llama3.1-8b-instruct"],
+            "MAXTEXT CONFIG ERROR: 1 validation error for MaxTextConfig model_name Input should be",
+        ),
         (["model_name=llama3.1-8b-Instruct", "bogus_key=1"], "MAXTEXT CONFIG ERROR: 'bogus_key' not in"),
-        (["model_name=llama3.1-8b-Instruct", "base_emb_dim=1024"], "MAXTEXT CONFIG ERROR: Keys ['base_emb_dim'] are overridden by both model config"),
+        (
+            ["model_name=llama3.1-8b-Instruct", "base_emb_dim=1024"],
+            "MAXTEXT CONFIG ERROR: Keys ['base_emb_dim'] are overridden by both model config",
+        ),
     ],
 )
 def test_maxtext_rejects_bad_args_with_its_own_error(maxtext_python, args, message):
-    result = subprocess.run([maxtext_python, CHECK, "maxtext.trainers.post_train.rl.train_rl", *args], capture_output=True, text=True)
+    result = subprocess.run(
+        [maxtext_python, CHECK, "maxtext.trainers.post_train.rl.train_rl", *args], capture_output=True, text=True
+    )
     assert result.returncode == 2
     assert message in result.stdout
     assert len(result.stdout) < 1200  # one line, not MaxText's 700-line config dump
@@ -52,7 +62,13 @@ def test_the_job_runner_validates_before_starting_the_job(maxtext_python, tmp_pa
     outputs = tmp_path / "never-written"
     spec = {
         "module": "maxtext.trainers.post_train.rl.train_rl",
-        "argv": [str(maxtext_python), "-m", "maxtext.trainers.post_train.rl.train_rl", "model_name=llama3.1-8b-Instruct", "rl.loss_algo=bogus"],
+        "argv": [
+            str(maxtext_python),
+            "-m",
+            "maxtext.trainers.post_train.rl.train_rl",
+            "model_name=llama3.1-8b-Instruct",
+            "rl.loss_algo=bogus",
+        ],
         "env": {},
         "secrets": [],
         "outputs": [str(outputs)],
@@ -69,5 +85,7 @@ def test_the_job_runner_validates_before_starting_the_job(maxtext_python, tmp_pa
 
 
 def test_schema_file_matches_the_real_package(maxtext_python):
-    result = subprocess.run([maxtext_python, REPO / "scripts" / "generate_maxtext_schema.py", "--check"], capture_output=True, text=True)
+    result = subprocess.run(
+        [maxtext_python, REPO / "scripts" / "generate_maxtext_schema.py", "--check"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from scripts.maxtext_config_env import python312
+from tests import hubstub
 
 REPO = Path(__file__).resolve().parents[2]
 NETWORK_ENV = (
@@ -133,12 +134,21 @@ def write_test_jobs(directory: Path, tmp: Path, packages: list[str]) -> None:
     (directory / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
 
 
+@pytest.fixture(scope="session")
+def hub():
+    """The Hub stand-in both ends use: fab's token preflight and the upload job on the "VM"."""
+    state, server = hubstub.serve()
+    yield state
+    server.shutdown()
+
+
 @dataclass
 class Fab:
     host: Host
     tmp: Path
     token: str
     jobs: Path
+    hub: hubstub.Hub
 
     def env(self) -> dict[str, str]:
         return {
@@ -146,6 +156,7 @@ class Fab:
             "TPU_RL_JOBS": str(self.jobs),
             "TPU_RL_RUNS": str(self.tmp / "runs"),
             "HF_TOKEN": self.token,
+            "HF_ENDPOINT": self.hub.url,
             "COLUMNS": "200",
         }
 
@@ -178,7 +189,9 @@ class Fab:
 
 
 @pytest.fixture
-def fab(ssh_host, tmp_path) -> Fab:
+def fab(ssh_host, hub, tmp_path) -> Fab:
     jobs = tmp_path / "jobs"
     write_test_jobs(jobs, tmp_path, [str(REPO / "tests" / "standin")])
-    return Fab(ssh_host, tmp_path, "hf_test" + uuid.uuid4().hex, jobs)
+    token = "hf_test" + uuid.uuid4().hex
+    hub.tokens[token] = hubstub.Token()
+    return Fab(ssh_host, tmp_path, token, jobs, hub)

@@ -37,9 +37,36 @@ def events_dir(tmp_path):
 
 
 EVALS = [
-    {"phase": "pre", "step": None, "accuracy": 38.75, "format_accuracy": 60.0, "partial_accuracy": 40.0, "mean_reward": 0.1, "corr": 31, "total": 80},
-    {"phase": "intermediate", "step": 10, "accuracy": 50.0, "format_accuracy": 80.0, "partial_accuracy": 52.0, "mean_reward": 0.7, "corr": 40, "total": 80},
-    {"phase": "post", "step": None, "accuracy": 65.0, "format_accuracy": 95.0, "partial_accuracy": 66.0, "mean_reward": 1.5, "corr": 52, "total": 80},
+    {
+        "phase": "pre",
+        "step": None,
+        "accuracy": 38.75,
+        "format_accuracy": 60.0,
+        "partial_accuracy": 40.0,
+        "mean_reward": 0.1,
+        "corr": 31,
+        "total": 80,
+    },
+    {
+        "phase": "intermediate",
+        "step": 10,
+        "accuracy": 50.0,
+        "format_accuracy": 80.0,
+        "partial_accuracy": 52.0,
+        "mean_reward": 0.7,
+        "corr": 40,
+        "total": 80,
+    },
+    {
+        "phase": "post",
+        "step": None,
+        "accuracy": 65.0,
+        "format_accuracy": 95.0,
+        "partial_accuracy": 66.0,
+        "mean_reward": 1.5,
+        "corr": 52,
+        "total": 80,
+    },
 ]
 
 

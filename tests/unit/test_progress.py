@@ -14,7 +14,16 @@ POST = "Post RL Training: corr=52, total=80, accuracy=65.00%, partial_accuracy=6
 
 def test_eval_lines():
     pre, mid, post = parse(PRE).eval, parse(MID).eval, parse(POST).eval
-    assert pre == {"phase": "pre", "step": None, "corr": 31, "total": 80, "accuracy": 38.75, "partial_accuracy": 41.25, "format_accuracy": 62.5, "mean_reward": -0.125}
+    assert pre == {
+        "phase": "pre",
+        "step": None,
+        "corr": 31,
+        "total": 80,
+        "accuracy": 38.75,
+        "partial_accuracy": 41.25,
+        "format_accuracy": 62.5,
+        "mean_reward": -0.125,
+    }
     assert (mid["phase"], mid["step"], mid["accuracy"]) == ("intermediate", 10, 50.0)
     assert (post["phase"], post["mean_reward"]) == ("post", 1.5)
 

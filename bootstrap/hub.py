@@ -1,0 +1,63 @@
+"""Check the Hugging Face token on the user's machine, in seconds, before the VM spends anything.
+
+Uses the real huggingface_hub client (HF_ENDPOINT selects the Hub): the token is
+valid, it can read the gated base model, and, when the Hub is a results target,
+it can write the repository.
+"""
+
+from __future__ import annotations
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+from .errors import UserError
+from .jobcheck import schema
+from .jobs import Pipeline
+
+
+def base_model(model_name: str) -> str | None:
+    """The Hugging Face repository MaxText converts `model_name` from."""
+    return schema()["hf_ids"].get(model_name)
+
+
+def base_model_of(pipeline: Pipeline) -> str | None:
+    names = [job.spec.args["model_name"] for job in pipeline.jobs.values() if "model_name" in job.spec.args]
+    return base_model(names[0]) if names else None
+
+
+def preflight(token: str, model: str | None, target_repo: str = "") -> list[str]:
+    """What was checked, one line each; raise UserError on the first thing that would fail later."""
+    api = HfApi(token=token)
+    try:
+        me = api.whoami()
+    except HfHubHTTPError as err:
+        raise UserError(
+            f"HF_TOKEN: the Hub rejects this token ({_status(err)}); make a new one at https://huggingface.co/settings/tokens"
+        ) from None
+    done = [f"HF_TOKEN: valid, user {me['name']}"]
+    if model:
+        try:
+            api.auth_check(model)
+        except GatedRepoError:
+            raise UserError(
+                f"HF_TOKEN: no access to the gated {model}; request it at https://huggingface.co/{model} and wait for approval"
+            ) from None
+        done.append(f"HF_TOKEN: can read {model}")
+    if target_repo:
+        role = me.get("auth", {}).get("accessToken", {}).get("role")
+        try:
+            api.auth_check(target_repo, write=True)
+        except RepositoryNotFoundError:
+            if role == "read":
+                raise UserError(
+                    f"results.hub_repo: this token is read-only and cannot create {target_repo}; use a write token"
+                ) from None
+        except HfHubHTTPError as err:
+            raise UserError(f"results.hub_repo: this token cannot write to {target_repo} ({_status(err)})") from None
+        done.append(f"HF_TOKEN: can write {target_repo}")
+    return done
+
+
+def _status(err: HfHubHTTPError) -> str:
+    response = getattr(err, "response", None)
+    return f"HTTP {response.status_code}" if response is not None else type(err).__name__

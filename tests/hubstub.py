@@ -1,0 +1,152 @@
+"""A small Hugging Face Hub on 127.0.0.1: the endpoints fab and hub_upload.py use, nothing more.
+
+The real huggingface_hub client talks to it through HF_ENDPOINT. It knows tokens
+(with a role and the gated repos they may read), stores committed files in memory,
+and can be told to fail commits of given paths, to test resumed uploads.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+GATED = {"meta-llama/Llama-3.1-8B-Instruct"}
+
+
+@dataclass
+class Token:
+    role: str = "write"
+    gated_access: bool = True
+
+
+@dataclass
+class Hub:
+    tokens: dict[str, Token] = field(default_factory=dict)
+    repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    private: dict[str, bool] = field(default_factory=dict)
+    fail_commits_of: set[str] = field(default_factory=set)
+    commits: dict[str, list[str]] = field(default_factory=dict)  # repo -> paths, in commit order
+    url: str = ""
+
+
+def _handler(hub: Hub):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # keep test output clean
+            pass
+
+        def _send(self, status: int, body, headers: dict | None = None) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for key, value in (headers or {}).items():
+                self.send_header(key, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _token(self) -> Token | None:
+            auth = self.headers.get("Authorization", "")
+            return hub.tokens.get(auth.removeprefix("Bearer ").strip())
+
+        def _body(self) -> bytes:
+            data = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            return gzip.decompress(data) if self.headers.get("Content-Encoding") == "gzip" else data
+
+        def do_GET(self):
+            token = self._token()
+            path = self.path.split("?")[0]
+            if path == "/api/whoami-v2":
+                if token is None:
+                    return self._send(401, {"error": "Invalid credentials in Authorization header"})
+                return self._send(
+                    200,
+                    {
+                        "type": "user",
+                        "name": "tester",
+                        "orgs": [],
+                        "auth": {"type": "access_token", "accessToken": {"displayName": "t", "role": token.role}},
+                    },
+                )
+            if m := re.fullmatch(r"/api/models/(.+?)/auth-check(/write)?", path):
+                repo, write = m[1], bool(m[2])
+                if token is None:
+                    return self._send(401, {"error": "Invalid credentials"}, {"X-Error-Code": "RepoNotFound"})
+                if repo in GATED and not token.gated_access:
+                    return self._send(
+                        403, {"error": f"Access to model {repo} is restricted"}, {"X-Error-Code": "GatedRepo"}
+                    )
+                if write and repo not in hub.repos:
+                    return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+                if write and token.role == "read":
+                    return self._send(403, {"error": "You don't have the rights to write to this repository"})
+                return self._send(200, {})
+            if m := re.fullmatch(r"/api/models/(.+?)/tree/[^/]+(/.*)?", path):
+                files = hub.repos.get(m[1])
+                if files is None:
+                    return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+                return self._send(
+                    200,
+                    [
+                        {"type": "file", "path": p, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                        for p, d in sorted(files.items())
+                    ],
+                )
+            return self._send(404, {"error": f"stub has no GET {path}"})
+
+        def do_POST(self):
+            token = self._token()
+            if token is None:
+                return self._send(401, {"error": "Invalid credentials"})
+            path = self.path.split("?")[0]
+            body = self._body()
+            if path == "/api/repos/create":
+                spec = json.loads(body)
+                repo = f"{spec.get('organization') or 'tester'}/{spec['name']}"
+                if repo in hub.repos:
+                    return self._send(409, {"error": "You already created this model repo", "url": f"{hub.url}/{repo}"})
+                hub.repos[repo], hub.private[repo] = (
+                    {},
+                    spec.get("visibility") == "private" or bool(spec.get("private")),
+                )
+                return self._send(200, {"url": f"{hub.url}/{repo}", "name": repo})
+            if path == "/api/validate-yaml":  # the model card's metadata
+                return self._send(200, {"errors": [], "warnings": []})
+            if m := re.fullmatch(r"/api/models/(.+?)/preupload/[^/]+", path):
+                files = json.loads(body)["files"]
+                return self._send(
+                    200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+                )
+            if m := re.fullmatch(r"/api/models/(.+?)/commit/[^/]+", path):
+                if token.role == "read":
+                    return self._send(403, {"error": "read-only token"})
+                lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
+                added = {
+                    item["value"]["path"]: base64.b64decode(item["value"]["content"])
+                    for item in lines
+                    if item["key"] == "file"
+                }
+                if set(added) & hub.fail_commits_of:
+                    return self._send(400, {"error": "simulated failure half-way through the upload"})
+                hub.repos.setdefault(m[1], {}).update(added)
+                hub.commits.setdefault(m[1], []).extend(added)
+                oid = hashlib.sha1(json.dumps(sorted(added)).encode()).hexdigest()
+                return self._send(
+                    200, {"commitUrl": f"{hub.url}/{m[1]}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None}
+                )
+            return self._send(404, {"error": f"stub has no POST {path}"})
+
+    return Handler
+
+
+def serve() -> tuple[Hub, ThreadingHTTPServer]:
+    hub = Hub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
+    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return hub, server

@@ -1,0 +1,74 @@
+"""Durable results: the export uploaded to the Hub (stand-in on 127.0.0.1) and verified."""
+
+from __future__ import annotations
+
+import yaml
+
+from .conftest import Fab
+
+
+def set_results(fab: Fab, **results) -> None:
+    path = fab.jobs / "pipeline.yaml"
+    pipeline = yaml.safe_load(path.read_text())
+    pipeline["results"].update(results)
+    path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
+
+
+def exported(fab: Fab, run: str) -> dict[str, bytes]:
+    folder = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_upload_to_the_hub_verified_with_a_model_card(fab: Fab):
+    repo = f"tester/grpo-{fab.tmp.name}"
+    set_results(fab, hub_repo=repo)
+    result = fab("train", "--arg", "vars.num_batches=10")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"HF_TOKEN: can write {repo}" in result.stdout
+    assert f"model kept at {fab.hub.url}/{repo} (verified)" in result.stdout
+    run = (fab.tmp / "state" / "current-run").read_text().strip()
+    files = fab.hub.repos[repo]
+    card = files.pop("README.md").decode()
+    assert files == exported(fab, run)
+    assert fab.hub.private[repo] is True
+    assert "base_model: meta-llama/Llama-3.1-8B-Instruct" in card
+    assert "GRPO for 10 batches of `openai/gsm8k`" in card
+    assert "| before training | 37.50 |" in card and "| step 10 |" in card and "| after training |" in card
+
+    again = fab("train", "--arg", "vars.num_batches=10")
+    assert "publish-hub: done already" in again.stdout
+
+
+def test_upload_that_fails_half_way_resumes_without_sending_files_again(fab: Fab):
+    repo = f"tester/resume-{fab.tmp.name}"
+    set_results(fab, hub_repo=repo)
+    fab.hub.fail_commits_of.add("model-00002-of-00002.safetensors")
+    failed = fab("train", "--arg", "vars.num_batches=2")
+    assert failed.returncode == 2
+    assert "publish-hub failed" in failed.stderr
+    sent_before = list(fab.hub.commits[repo])
+    assert "config.json" in sent_before and "model-00002-of-00002.safetensors" not in sent_before
+
+    fab.hub.fail_commits_of.clear()
+    resumed = fab("train", "--arg", "vars.num_batches=2")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "export: done already" in resumed.stdout
+    new = fab.hub.commits[repo][len(sent_before) :]
+    assert new == ["model-00002-of-00002.safetensors"]  # nothing sent twice
+    run = (fab.tmp / "state" / "current-run").read_text().strip()
+    assert {k: v for k, v in fab.hub.repos[repo].items() if k != "README.md"} == exported(fab, run)
+
+
+def test_no_durable_target_says_so_plainly(fab: Fab):
+    result = fab("train", "--arg", "vars.num_batches=2")
+    assert result.returncode == 0
+    assert "The trained model lives only in the VM's memory" in result.stdout
+    assert "fab download" in result.stdout
+
+
+def test_bad_token_stops_before_the_vm_is_contacted(fab: Fab):
+    fab.hub.tokens.pop(fab.token)
+    result = fab("train")
+    assert result.returncode == 2
+    assert "HF_TOKEN: the Hub rejects this token (HTTP 401)" in result.stderr
+    assert not (fab.tmp / "state").exists()
