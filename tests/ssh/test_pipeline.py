@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from .conftest import Fab
+from tests.loopback import Fab
 
 
 def current_run(fab: Fab) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from .conftest import Fab
+from tests.loopback import Fab
 
 
 def set_results(fab: Fab, **results) -> None:

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .conftest import Fab
+from tests.loopback import Fab
 
 SLOW_TRAIN = ("--arg", "vars.num_batches=6", "--arg", "train.env.STANDIN_SECONDS=1")
 

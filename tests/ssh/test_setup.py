@@ -10,7 +10,7 @@ import subprocess
 
 import yaml
 
-from .conftest import Fab, write_test_jobs
+from tests.loopback import Fab, write_test_jobs
 
 
 def test_real_setup_then_the_same_spec_is_a_no_op_and_a_changed_one_rebuilds(fab: Fab):

@@ -1,7 +1,8 @@
 """Shared by the stand-in jobs: argument parsing, knobs, and TensorBoard event files.
 
 Knobs (set through a job's env in the YAML or --arg JOB.env.NAME=VALUE):
-STANDIN_SECONDS: seconds per unit of work; STANDIN_FAIL: exit 1 before finishing.
+STANDIN_SECONDS: seconds per unit of work; STANDIN_FAIL: exit 1 before finishing;
+STANDIN_LOG_MB: write that many MB of debug lines first (a very long log, as debug.rl makes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def log(message: str) -> None:
     now = time.time()
     stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
     print(f"I{stamp}.{int(now % 1 * 1e6):06d} {os.getpid()} standin.py:1] {message}", file=sys.stderr, flush=True)
+
+
+def flood() -> None:
+    megabytes = int(os.environ.get("STANDIN_LOG_MB", "0"))
+    line = "I1130 12:00:00.000000 1 rl.py:1] debug " + "x" * 60 + "\n"
+    block = line * (2**20 // len(line))
+    for _ in range(megabytes):
+        sys.stderr.write(block)
+    sys.stderr.flush()
 
 
 def pause() -> None:

@@ -12,6 +12,7 @@ def main() -> None:
     args = _standin.args()
     _standin.require_token()
     started = time.time()
+    _standin.flood()
     for done in range(1, LAYERS + 1):
         _standin.pause()
         percent = done * 100 // LAYERS

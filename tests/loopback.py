@@ -1,0 +1,180 @@
+"""A real OpenSSH server on 127.0.0.1 with throwaway keys, and `fab` run against it.
+
+Shared by the SSH tests (tests/ssh/conftest.py) and the benchmarks.
+
+The loopback host plays the TPU VM: its PATH offers uv and a Python 3.12 (as the
+startup script leaves the VM), and jobs/ is the real one with the test settings
+below: state and "/dev/shm" under a temp dir, no TPU chips, and the stand-in
+maxtext package (tests/standin) installed by `fab setup` in place of the real one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from scripts.maxtext_config_env import python312
+from tests import hubstub
+
+REPO = Path(__file__).resolve().parents[1]
+NETWORK_ENV = (
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
+SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin") or "/usr/sbin/sshd"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Host:
+    port: int
+    key: Path
+    bin_dir: Path
+    user: str
+
+    @property
+    def target(self) -> str:
+        return f"{self.user}@127.0.0.1:{self.port}"
+
+
+@contextmanager
+def loopback_host(root: Path) -> Iterator[Host]:
+    """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key"], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "user_key"], check=True)
+    (root / "authorized_keys").write_text((root / "user_key.pub").read_text())
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").symlink_to(shutil.which("uv") or Path(sys.executable).with_name("uv"))
+    (bin_dir / "python3.12").symlink_to(python312())
+    port = _free_port()
+    config = root / "sshd_config"
+    # The machine's own network settings (CA bundle, proxy, index), as a VM would have its own.
+    passed = " ".join(
+        f"{k}={v}" for k, v in os.environ.items() if k in NETWORK_ENV or k.startswith("UV_") and " " not in v
+    )
+    config.write_text(
+        f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {root / "host_key"}
+AuthorizedKeysFile {root / "authorized_keys"}
+PidFile {root / "sshd.pid"}
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin TPU_RL_POLL_SECONDS=0.2 {passed}
+Subsystem sftp internal-sftp
+ClientAliveInterval 5
+"""
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)
+    with open(root / "sshd.log", "w") as log:
+        server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stderr=log)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError(f"sshd did not start: {(root / 'sshd.log').read_text()}") from None
+            time.sleep(0.1)
+    user = os.environ.get("USER") or subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    try:
+        yield Host(port, root / "user_key", bin_dir, user)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def write_test_jobs(directory: Path, tmp: Path, packages: list[str]) -> None:
+    """The real jobs/, with the settings a loopback host without a TPU needs."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for path in (REPO / "jobs").glob("*.yaml"):
+        shutil.copy(path, directory / path.name)
+    pipeline = yaml.safe_load((REPO / "jobs" / "pipeline.yaml").read_text())
+    pipeline["vars"]["work_dir"] = f"{tmp}/shm/${{model_name}}"
+    pipeline["environment"] = {"python": "3.12", "venv": str(tmp / "venv"), "packages": packages}
+    (tmp / "startup.done").write_text("ok\n")
+    pipeline["vm"].update(
+        state_dir=str(tmp / "state"),
+        startup_marker=str(tmp / "startup.done"),
+        startup_log=str(tmp / "startup.log"),
+        chips=0,
+        min_memory_gb=0,
+        min_shm_gb=0,
+        shm_path=str(tmp),
+        validate_args=False,
+    )
+    (directory / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
+
+
+@dataclass
+class Fab:
+    host: Host
+    tmp: Path
+    token: str
+    jobs: Path
+    hub: hubstub.Hub
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "TPU_RL_JOBS": str(self.jobs),
+            "TPU_RL_RUNS": str(self.tmp / "runs"),
+            "HF_TOKEN": self.token,
+            "HF_ENDPOINT": self.hub.url,
+            "COLUMNS": "200",
+        }
+
+    def command(self, *args: str) -> list[str]:
+        fab = Path(sys.executable).with_name("fab")
+        return [str(fab), "-r", str(REPO), "-H", self.host.target, "-i", str(self.host.key), *args]
+
+    def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.command(*args),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.command(*args),
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def job_dir(self, run: str, job: str) -> Path:
+        return self.tmp / "state" / "runs" / run / job
