@@ -61,9 +61,12 @@ def check_public_key(key: str, value: str) -> None:
         fail(key, f"not an OpenSSH public key (type must be one of {', '.join(SSH_KEY_TYPES[:3])}, ...)", fix)
     try:
         blob = base64.b64decode(parts[1], validate=True)
+    except binascii.Error:
+        fail(key, "the key data is not base64 (is it still the placeholder?)", fix)
+    try:
         (length,) = struct.unpack(">I", blob[:4])
         embedded = blob[4 : 4 + length].decode()
-    except (binascii.Error, struct.error, UnicodeDecodeError):
+    except (struct.error, UnicodeDecodeError):
         embedded = None
     if embedded != parts[0]:
         fail(key, "the key data is damaged (its base64 blob does not match its type)", fix)

@@ -63,6 +63,7 @@ class Host:
 @contextmanager
 def loopback_host(root: Path) -> Iterator[Host]:
     """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit."""
+    root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key"], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "user_key"], check=True)
     (root / "authorized_keys").write_text((root / "user_key.pub").read_text())

@@ -92,11 +92,13 @@ def status(c, arg=None, run_name=None):
     console.print(table)
 
 
-@task(help={"job": "the job to follow (default: the running one, else the last started)", "run_name": RUN_HELP})
+@task(
+    iterable=["arg"], help={"job": "the job to follow (default: the running one, else the last started)", **RUN_OPTIONS}
+)
 @reports_errors
-def logs(c, job=None, run_name=None):
+def logs(c, job=None, arg=None, run_name=None):
     """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
-    session = open_session(c, [], run_name, runs_jobs=False)
+    session = open_session(c, arg or [], run_name, runs_jobs=False)
     all_stages = {stage.name: stage for stage in stages(session)}
     worker = session.workers[0]
     if job is None:

@@ -10,14 +10,14 @@ from fabric import task
 
 from .. import metrics
 from ..errors import UserError
-from .common import RUN_HELP, console, open_session, reports_errors
+from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 
 
-@task(name="metrics", help={"run_name": RUN_HELP})
+@task(name="metrics", iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP})
 @reports_errors
-def fetch_metrics(c, run_name=None):
+def fetch_metrics(c, arg=None, run_name=None):
     """Copy the run's training metrics from the VM; write CSV, a PNG plot and a summary locally."""
-    session = open_session(c, [], run_name, runs_jobs=False)
+    session = open_session(c, arg or [], run_name, runs_jobs=False)
     train = session.rendered(session.workers[0]).get("train")
     if train is None or not train.progress:
         raise UserError("the pipeline has no train job with progress.tensorboard_dir: nothing to read")
@@ -37,11 +37,11 @@ def fetch_metrics(c, run_name=None):
         console.print(f"  {folder / name}")
 
 
-@task(help={"dest": "local folder (default runs/<run>/model)", "run_name": RUN_HELP})
+@task(iterable=["arg"], help={"dest": "local folder (default runs/<run>/model)", "arg": ARG_HELP, "run_name": RUN_HELP})
 @reports_errors
-def download(c, dest=None, run_name=None):
+def download(c, dest=None, arg=None, run_name=None):
     """Copy the exported model from the VM to this machine (resumable, sizes verified)."""
-    session = open_session(c, [], run_name, runs_jobs=False)
+    session = open_session(c, arg or [], run_name, runs_jobs=False)
     export = session.rendered(session.workers[0]).get("export")
     if export is None:
         raise UserError("the pipeline has no export job")

@@ -1,5 +1,7 @@
 """Bad jobs and bad overrides: each stops before anything starts, naming file, key and fix."""
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -133,3 +135,31 @@ def test_fab_plan_fails_fast_with_the_message():
     assert result.returncode == 2
     assert "write it as rl.loss_algo" in result.stderr
     assert took < 30  # generous: the point is "before anything is contacted", not a benchmark
+
+
+def test_fab_plan_offline_text_and_json_with_the_token_redacted(tmp_path):
+    token = "hf_plan" + "x" * 30
+    env = {**os.environ, "HF_TOKEN": token, "TPU_RL_RUNS": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    text = fab("plan", env=env)
+    assert text.returncode == 0, text.stderr
+    assert "run: <new> (a new run: its name is generated when fab train starts)" in text.stdout
+    assert "HF_TOKEN='<redacted>'" in text.stdout and token not in text.stdout
+    assert "--lazy_load_tensors=False" in text.stdout
+    data = json.loads(fab("plan", "--json", env=env).stdout)
+    assert [job["name"] for job in data["jobs"]] == ["convert", "train", "export"]
+    assert data["jobs"][1]["env"]["HF_TOKEN"] == "<redacted>"
+    assert data["jobs"][1]["argv"][2] == "maxtext.trainers.post_train.rl.train_rl"
+    assert data["jobs"][2]["needs"] == ["train"]
+
+
+def test_fab_plan_names_the_recorded_run(tmp_path):
+    (tmp_path / "current").write_text("2026-11-30-12-00-00\n")
+    (tmp_path / "2026-11-30-12-00-00").mkdir()
+    (tmp_path / "2026-11-30-12-00-00" / "record.json").write_text(
+        '{"name": "2026-11-30-12-00-00", "jobs": {"convert": {"state": "done"}, "train": {"state": "interrupted"}}}'
+    )
+    env = {**os.environ, "TPU_RL_RUNS": str(tmp_path)}
+    data = json.loads(fab("plan", "--json", env=env).stdout)
+    assert data["run"]["name"] == "2026-11-30-12-00-00"
+    assert data["run"]["has_checkpoints"] is True
+    assert "run_name=2026-11-30-12-00-00" in data["jobs"][1]["argv"]

@@ -1,0 +1,148 @@
+"""The VM-side runner's pieces that need no SSH: outputs, steps, TensorBoard steps, preflight."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bootstrap.remote import jobrunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standin"))
+from maxtext import _standin  # noqa: E402  (the stand-in's TensorBoard writer)
+
+
+def test_latest_step_ignores_orbax_temporary_dirs(tmp_path):
+    for name in ("10", "50", "8", "60.orbax-checkpoint-tmp-1700000000", "tmp"):
+        (tmp_path / name).mkdir()
+    assert jobrunner.latest_step(str(tmp_path)) == "50"
+    with pytest.raises(LookupError, match="no checkpoint step under"):
+        jobrunner.latest_step(str(tmp_path / "missing"))
+
+
+def test_runtime_values(tmp_path):
+    (tmp_path / "7").mkdir()
+    assert (
+        jobrunner.resolve_runtime(f"{tmp_path}/${{latest_step:{tmp_path}}}/model_params")
+        == f"{tmp_path}/7/model_params"
+    )
+    assert jobrunner.resolve_runtime("${hostname}") == socket.gethostname()
+
+
+def test_missing_outputs(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("1")
+    assert jobrunner.missing_outputs(
+        [str(tmp_path / "empty"), str(tmp_path / "full"), str(tmp_path / "*.safetensors")]
+    ) == [
+        str(tmp_path / "empty"),
+        str(tmp_path / "*.safetensors"),
+    ]
+
+
+def test_event_steps_of_a_file_being_written(tmp_path):
+    path = tmp_path / "events.out.tfevents.1"
+    data = _standin.file_version_record() + b"".join(
+        _standin.event_record(s, {"actor/train/loss": 1.0}) for s in (1, 2, 3)
+    )
+    path.write_bytes(data[:-5])  # the writer is in the middle of the last record
+    assert jobrunner.event_steps(str(path)) == [1, 2]  # the file-version record has no step
+    path.write_bytes(data)
+    assert jobrunner.max_event_step(str(tmp_path)) == 3
+
+
+def request(tmp_path, **changes) -> dict:
+    return {
+        "chips": 2,
+        "chip_glob": str(tmp_path / "vfio" / "[0-9]*"),
+        "min_memory_gb": 0,
+        "min_shm_gb": 0,
+        "shm_path": str(tmp_path),
+        "libtpu_lockfile": str(tmp_path / "libtpu_lockfile"),
+        "secrets": {},
+        **changes,
+    }
+
+
+def failed(checks: list[dict]) -> dict[str, str]:
+    return {c["check"]: c["message"] for c in checks if not c["ok"]}
+
+
+def test_preflight_counts_chips_memory_and_shm(tmp_path):
+    (tmp_path / "vfio").mkdir()
+    (tmp_path / "vfio" / "0").write_text("")
+    problems = failed(jobrunner.preflight(request(tmp_path, min_memory_gb=10**6, min_shm_gb=10**6)))
+    assert problems["chips"].startswith("1 TPU chips visible") and "2 expected" in problems["chips"]
+    assert "1000000 GB needed" in problems["memory"]
+    assert f"free in {tmp_path}" in problems["shm"]
+
+
+def test_preflight_removes_a_stale_libtpu_lock(tmp_path):
+    (tmp_path / "vfio").mkdir()
+    for chip in ("0", "1"):
+        (tmp_path / "vfio" / chip).write_text("")
+    (tmp_path / "libtpu_lockfile").write_text("")
+    checks = jobrunner.preflight(request(tmp_path))
+    assert failed(checks) == {}
+    assert any("removed stale" in c["message"] for c in checks)
+    assert not (tmp_path / "libtpu_lockfile").exists()
+
+
+def test_preflight_names_the_process_holding_the_tpu(tmp_path):
+    (tmp_path / "vfio").mkdir()
+    for chip in ("0", "1"):
+        (tmp_path / "vfio" / chip).write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"f = open({str(tmp_path / 'vfio' / '1')!r}); import time; time.sleep(60)"]
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not failed(jobrunner.preflight(request(tmp_path))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        message = failed(jobrunner.preflight(request(tmp_path)))["tpu_free"]
+        assert f"pid {holder.pid}" in message and f"kill {holder.pid}" in message
+    finally:
+        holder.kill()
+
+
+def test_preflight_secret_must_be_private(tmp_path):
+    (tmp_path / "vfio").mkdir()
+    for chip in ("0", "1"):
+        (tmp_path / "vfio" / chip).write_text("")
+    secret = tmp_path / "HF_TOKEN"
+    secret.write_text("x")
+    secret.chmod(0o644)
+    assert (
+        "readable by others"
+        in failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)})))["secret HF_TOKEN"]
+    )
+    secret.chmod(0o600)
+    assert failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)}))) == {}
+
+
+def test_run_marks_done_only_after_outputs_exist(tmp_path):
+    out = tmp_path / "out.txt"
+    spec = {
+        "module": "m",
+        "argv": [sys.executable, "-c", "print('hi')"],
+        "env": {},
+        "secrets": [],
+        "outputs": [str(out)],
+        "cwd": str(tmp_path),
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert jobrunner.run(str(tmp_path)) == 0  # exits 0 ...
+    assert jobrunner.job_state(str(tmp_path))["state"] == "failed"  # ... but wrote nothing
+    assert "outputs are missing" in (tmp_path / "log").read_text()
+    spec["argv"] = [sys.executable, "-c", f"open({str(out)!r}, 'w').write('x')"]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert jobrunner.run(str(tmp_path)) == 0
+    assert jobrunner.job_state(str(tmp_path))["state"] == "done"
+    out.unlink()  # /dev/shm wiped by a restart
+    assert jobrunner.job_state(str(tmp_path))["state"] == "lost"
