@@ -90,18 +90,25 @@ def main() -> None:
         with_ssh = [plain_ssh(fab, tmp / f"ssh{i}") for i in range(args.repeat)]
 
         big = ("--arg", f"vars.work_dir={tmp}/big", "--arg", f"convert.env.STANDIN_LOG_MB={args.log_mb}")
+        known = set((tmp / "state" / "shared").glob("convert-*"))
         runner = fab.start("convert", *big)
-        log = None
-        while log is None or not log.exists():
+        while not (
+            new := [
+                p
+                for p in (tmp / "state" / "shared").glob("convert-*")
+                if p not in known and (p / "runner.json").exists()
+            ]
+        ):
             time.sleep(0.2)
-            found = list((tmp / "state" / "shared").glob("convert-*/runner.json"))
-            log = found[-1].parent / "log" if len(found) == 1 + args.repeat + 1 else None
         follower = subprocess.Popen(
-            fab.command("logs", "--job", "convert"), env=fab.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            fab.command("logs", "--job", "convert", *big),
+            env=fab.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         logs_rss = max_rss_mb(follower)
         train_rss = max_rss_mb(runner)
-        log_mb = log.stat().st_size / 2**20
+        log_mb = (new[0] / "log").stat().st_size / 2**20
         server.shutdown()
 
     median = statistics.median

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from fabric import task
 
-from .. import metrics
 from ..errors import UserError
 from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 
@@ -17,6 +16,8 @@ from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 @reports_errors
 def fetch_metrics(c, arg=None, run_name=None):
     """Copy the run's training metrics from the VM; write CSV, a PNG plot and a summary locally."""
+    from .. import metrics  # matplotlib and TensorBoard take half a second to import: only here
+
     session = open_session(c, arg or [], run_name, runs_jobs=False)
     train = session.rendered(session.workers[0]).get("train")
     if train is None or not train.progress:

@@ -57,11 +57,14 @@ class Clock:
         return self.now
 
 
+def watching(job: str, terminal: bool) -> tuple[JobProgress, io.StringIO, Clock]:
+    out, clock = io.StringIO(), Clock()
+    return JobProgress(Console(file=out, force_terminal=terminal, width=200), job, clock=clock), out, clock
+
+
 def test_non_terminal_prints_heartbeats_with_eta():
-    out = io.StringIO()
-    clock = Clock()
-    console = Console(file=out, force_terminal=False, width=200)
-    with JobProgress(console, "train", clock=clock) as progress:
+    progress, out, clock = watching("train", terminal=False)
+    with progress:
         progress.feed("[tpu-rl] step 1/50")
         clock.now = 31.0
         progress.feed("[tpu-rl] step 11/50")  # 10 steps in 31 s, 39 to go: 121 s
@@ -77,9 +80,8 @@ def test_non_terminal_prints_heartbeats_with_eta():
 
 
 def test_silent_job_still_shows_it_is_alive():
-    out = io.StringIO()
-    clock = Clock()
-    with JobProgress(Console(file=out, force_terminal=False), "setup", clock=clock) as progress:
+    progress, out, clock = watching("setup", terminal=False)
+    with progress:
         progress.feed("==> install_tpu_post_train_extra_deps")
         for second in (30, 60, 90):
             clock.now = second
@@ -89,10 +91,8 @@ def test_silent_job_still_shows_it_is_alive():
 
 
 def test_terminal_shows_a_bar_not_heartbeats():
-    out = io.StringIO()
-    clock = Clock()
-    console = Console(file=out, force_terminal=True, width=120)
-    with JobProgress(console, "convert", clock=clock) as progress:
+    progress, out, clock = watching("convert", terminal=True)
+    with progress:
         progress.feed("Transforming weights: 6/12")
         clock.now = 100
         progress.feed("Transforming weights: 12/12")
