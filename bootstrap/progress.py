@@ -30,6 +30,7 @@ NOTABLE = re.compile(
     r"Traceback|Error|\[tpu-rl\] (?!step)"
 )
 HEARTBEAT_SECONDS = 30
+ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
 
 
 @dataclass
@@ -48,7 +49,9 @@ def parse(line: str) -> Update | None:
         values = {k: float(v) for k, v in m.groupdict().items() if k not in ("phase", "step") and v is not None}
         phase = "pre" if m["phase"].startswith("Pre") else "post" if m["phase"].startswith("Post") else "intermediate"
         return Update(
-            "eval", line.strip(), eval={"phase": phase, "step": int(m["step"]) if m["step"] else None, **values}
+            "eval",
+            ABSL_PREFIX.sub("", line.strip()),
+            eval={"phase": phase, "step": int(m["step"]) if m["step"] else None, **values},
         )
     if m := WEIGHTS.search(line):
         return Update("count", "transforming weights", int(m[1]), int(m[2]))
@@ -57,7 +60,7 @@ def parse(line: str) -> Update | None:
     if m := SETUP_STEP.match(line):
         return Update("phase", m[1])
     if NOTABLE.search(line):
-        return Update("note", line.strip())
+        return Update("note", ABSL_PREFIX.sub("", line.strip()))
     return None
 
 

@@ -19,7 +19,7 @@ console = Console()
 
 
 def reports_errors(body: Callable) -> Callable:
-    """Show a UserError as its message and exit 2, without a traceback."""
+    """Show a UserError as its message and exit 2; Ctrl-C says what goes on, without a traceback."""
 
     @functools.wraps(body)
     def wrapper(*args, **kwargs):
@@ -27,6 +27,10 @@ def reports_errors(body: Callable) -> Callable:
             return body(*args, **kwargs)
         except UserError as err:
             raise Exit(f"error: {err}".replace("\n", "\nerror: "), code=2) from None
+        except KeyboardInterrupt:
+            raise Exit(
+                "\ninterrupted: anything started on the VM goes on. Run the same command again to carry on.", code=130
+            ) from None
 
     return wrapper
 

@@ -109,3 +109,11 @@ def test_eval_table():
     text = out.getvalue()
     assert "before training" in text and "step 10" in text and "after training" in text
     assert "65.00" in text and "52/80" in text
+
+
+def test_shown_lines_drop_the_absl_prefix():
+    assert parse(PRE).text.startswith("Pre RL Training: corr=31")
+    assert (
+        parse("W1130 12:00:00.000000 140 train_rl.py:9] RL Training Completed Successfully!").text
+        == "RL Training Completed Successfully!"
+    )
