@@ -21,8 +21,6 @@ PIPELINE_FILE = "pipeline.yaml"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Looked up on the VM when the job starts (see bootstrap/remote/jobrunner.py).
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:[^{}]+)\}")
-PROVIDED_VARS = ("run_name", "venv", "worker_id", "worker_hostnames")
-OVERRIDE_SECTIONS = ("args", "flags", "env")
 
 
 @dataclass
