@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import shlex
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +25,7 @@ REMOTE_SCRIPTS = Path(__file__).with_name("remote")
 CHUNK = 64 * 1024
 MAX_LINE = 1024 * 1024
 IDLE_SECONDS = 5
+LOCK_PING_SECONDS = 20  # the VM side lets go after 90 s without one
 
 
 class Worker:
@@ -195,9 +197,20 @@ class Worker:
             channel.close()
             holder = text.removeprefix("busy: ") or f"exit {channel.recv_exit_status()}"
             raise UserError(f"{self.name}: another fab command holds the VM ({holder}); wait for it or stop it first")
+        stop = threading.Event()
+
+        def ping() -> None:  # proves to the holder that this fab is still there
+            while not stop.wait(LOCK_PING_SECONDS):
+                try:
+                    channel.sendall(b"\n")
+                except OSError:
+                    return
+
+        threading.Thread(target=ping, daemon=True).start()
         try:
             yield
         finally:
+            stop.set()
             channel.shutdown_write()
             channel.close()
 

@@ -5,7 +5,7 @@ works before any environment exists. Subcommands:
 
     run JOB_DIR                 run JOB_DIR/spec.json; survives the SSH session
     status JOB_DIR...           JSON state of each job (done, running, failed, ...)
-    lock STATE_DIR OWNER        hold STATE_DIR/lock until stdin closes (the SSH channel)
+    lock STATE_DIR OWNER [S]    hold STATE_DIR/lock until stdin closes or is silent S seconds
     preflight                   check the VM against the JSON request on stdin
 
 A job counts as done only when it exited 0 and every declared output exists;
@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -28,6 +29,7 @@ import time
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+LOCK_SILENCE_SECONDS = 90
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -222,7 +224,12 @@ def run(job_dir: str) -> int:
     return exit_code
 
 
-def hold_lock(state_dir: str, owner: str) -> int:
+def hold_lock(state_dir: str, owner: str, silence: float = LOCK_SILENCE_SECONDS) -> int:
+    """Hold the lock while the owner's pings arrive on stdin.
+
+    Ends when the channel closes (fab exited or was killed) or when no ping came for
+    `silence` seconds (the laptop vanished without closing the connection).
+    """
     os.makedirs(state_dir, exist_ok=True)
     with open(os.path.join(state_dir, "lock"), "a+") as handle:
         try:
@@ -234,7 +241,8 @@ def hold_lock(state_dir: str, owner: str) -> int:
         with open(os.path.join(state_dir, "lock.owner"), "w") as f:
             f.write(owner)
         print("locked", flush=True)
-        while sys.stdin.buffer.read(4096):  # until the SSH channel closes
+        stdin = sys.stdin.fileno()
+        while select.select([stdin], [], [], silence)[0] and os.read(stdin, 4096):
             pass
     return 0
 
@@ -313,7 +321,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
         return 0
     if command == "lock":
-        return hold_lock(os.path.expanduser(args[0]), args[1])
+        return hold_lock(os.path.expanduser(args[0]), args[1], *(float(a) for a in args[2:3]))
     if command == "preflight":
         checks = preflight(json.load(sys.stdin))
         print(json.dumps(checks))

@@ -52,7 +52,14 @@ def setup(c, arg=None):
 @reports_errors
 def train(c, arg=None, run_name=None, new_run=False):
     """Set up the VM, then convert -> train -> export; safe to interrupt and run again."""
-    _run(c, arg, run_name, None, new_run, after=publish_after_train)
+    _run(c, arg, run_name, None, new_run, after=_finish_train)
+
+
+def _finish_train(session: Session) -> None:
+    publish_after_train(session)
+    console.print(
+        f"run {session.run.name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
+    )
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)

@@ -146,3 +146,38 @@ def test_run_marks_done_only_after_outputs_exist(tmp_path):
     assert jobrunner.job_state(str(tmp_path))["state"] == "done"
     out.unlink()  # /dev/shm wiped by a restart
     assert jobrunner.job_state(str(tmp_path))["state"] == "lost"
+
+
+def lock_holder(tmp_path, *extra: str) -> subprocess.Popen:
+    holder = subprocess.Popen(
+        [sys.executable, jobrunner.__file__, "lock", str(tmp_path), "me@laptop pid 1", *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "locked\n"
+    return holder
+
+
+def test_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
+    first = lock_holder(tmp_path)
+    second = subprocess.run(
+        [sys.executable, jobrunner.__file__, "lock", str(tmp_path), "other"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    assert (second.returncode, second.stdout) == (75, "busy: me@laptop pid 1\n")
+    first.stdin.close()  # the SSH channel closes: the lock is free again
+    assert first.wait(timeout=10) == 0
+    lock_holder(tmp_path).kill()
+
+
+def test_lock_lets_go_when_the_owner_goes_silent(tmp_path):
+    holder = lock_holder(tmp_path, "1")
+    holder.stdin.write("\n")  # a ping keeps it
+    holder.stdin.flush()
+    started = time.monotonic()
+    assert holder.wait(timeout=10) == 0  # then a silent owner (stdin still open) loses it
+    assert time.monotonic() - started < 5
+    holder.stdin.close()
