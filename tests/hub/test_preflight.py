@@ -49,3 +49,14 @@ def test_read_only_token_cannot_publish(stub):
     stub.repos["tester/existing"] = {}
     with pytest.raises(UserError, match=r"cannot write to tester/existing \(HTTP 403\)"):
         hub.preflight("reader", MODEL, "tester/existing")
+
+
+def test_unreachable_hub_is_a_clear_error(monkeypatch):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(UserError, match=f"HF_TOKEN: could not reach the Hub at http://127.0.0.1:{port}"):
+        hub.preflight("good", MODEL)
