@@ -34,6 +34,10 @@ def preflight(token: str, model: str | None, target_repo: str = "") -> list[str]
         raise UserError(
             f"HF_TOKEN: the Hub rejects this token ({_status(err)}); make a new one at https://huggingface.co/settings/tokens"
         ) from None
+    except Exception as err:  # no network, DNS, refused: the HTTP client's own transport errors
+        raise UserError(
+            f"HF_TOKEN: could not reach the Hub at {api.endpoint} to check the token ({type(err).__name__})"
+        ) from None
     done = [f"HF_TOKEN: valid, user {me['name']}"]
     if model:
         try:
