@@ -46,7 +46,7 @@ tags:
 
 # {base_model or _arg(train, "model_name")}, post-trained with {algorithm} on GSM8K
 
-Trained with MaxText on a Cloud TPU v6e-8 by [tpu-rl](https://github.com): run `{session.run.name}`,
+Trained with MaxText on a Cloud TPU v6e-8 by tpu-rl: run `{session.run.name}`,
 {algorithm} for {steps} batches of `{DATASET}` (config `main`), checkpoint exported back to Hugging Face format.
 
 | GSM8K eval | accuracy % | format accuracy % | partial accuracy % | mean reward |
