@@ -259,8 +259,7 @@ def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> N
 
 def render(pipeline: Pipeline) -> list[RenderedJob]:
     """The exact argv and environment of every job, in run order."""
-    venv = pipeline.spec.environment.venv
-    python = f"{venv}/bin/python3" if venv.startswith(("/", "~")) else f"~/{venv}/bin/python3"
+    python = f"{pipeline.spec.environment.venv_path}/bin/python3"
     rendered = []
     for job in pipeline.jobs.values():
         spec = job.spec

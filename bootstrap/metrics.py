@@ -18,6 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator  # noqa: E402
 from tensorboard.util import tensor_util  # noqa: E402
 
+from .runs import minutes  # noqa: E402
+
 PANELS = {
     "reward": "rewards/train/score/mean",
     "loss": "actor/train/loss",
@@ -105,15 +107,7 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
 
 def summarize(record, path: Path) -> dict:
     """Per-job durations, evals and durable copies: what to compare with the next run."""
-    jobs = {
-        name: {
-            "state": info.get("state"),
-            "minutes": round((info["finished"] - info["started"]) / 60, 2)
-            if info.get("finished") and info.get("started")
-            else None,
-        }
-        for name, info in record.jobs.items()
-    }
+    jobs = {name: {"state": info.get("state"), "minutes": minutes(info)} for name, info in record.jobs.items()}
     summary = {"run": record.name, "jobs": jobs, "evals": record.evals, "results": record.results}
     path.write_text(json.dumps(summary, indent=1))
     return summary

@@ -43,10 +43,29 @@ class Session:
     run: runs.RunRecord
     console: Console
     secrets: dict[str, str]
+    base_model: str | None = None  # the Hugging Face repo the model is converted from
+    preflight_done: bool = False
 
     @property
     def state_dir(self) -> str:
         return self.workers[0].state_dir
+
+    @property
+    def secrets_dir(self) -> str:
+        return f"{self.state_dir}/secrets"
+
+    def runner_spec(self, module: str, argv: list[str], outputs: list[str], env=None, secrets=(), **extra) -> dict:
+        """What jobrunner.py reads from spec.json: the command, its environment, what decides done."""
+        return {
+            "module": module,
+            "argv": argv,
+            "env": env or {},
+            "secrets": list(secrets),
+            "secrets_dir": self.secrets_dir,
+            "outputs": outputs,
+            "cwd": "~",
+            **extra,
+        }
 
     def job_dir(self, job: RenderedJob) -> str:
         """A job that depends on the run lives in the run; one that does not (convert) is shared
@@ -117,34 +136,21 @@ def setup_spec(session: Session) -> tuple[str, dict]:
     env = session.spec.environment
     job_dir = f"{session.state_dir}/setup/{environment.digest(env)}"
     ready = f"{job_dir}/ready"
-    venv = env.venv if env.venv.startswith(("/", "~")) else f"~/{env.venv}"
-    spec = {
-        "module": "setup",
-        "argv": ["bash", "-c", environment.setup_script(env, ready)],
-        "env": {},
-        "secrets": [],
-        "outputs": [ready, f"{venv}/bin/python"],
-        "cwd": "~",
-    }
-    return job_dir, spec
+    argv = ["bash", "-c", environment.setup_script(env, ready)]
+    return job_dir, session.runner_spec("setup", argv, [ready, f"{env.venv_path}/bin/python"])
 
 
 def job_spec(session: Session, job: RenderedJob) -> dict:
     validate = [f"{session.state_dir}/bin/maxtext_check.py", job.module] if session.spec.vm.validate_args else None
-    return {
-        "module": job.module,
-        "argv": job.argv,
-        "env": job.env,
-        "secrets": job.secrets,
-        "secrets_dir": f"{session.state_dir}/secrets",
-        "outputs": job.outputs,
-        "cwd": job.cwd,
-        "validate": validate,
-        "progress": job.progress,
-    }
+    return session.runner_spec(
+        job.module, job.argv, job.outputs, job.env, job.secrets, cwd=job.cwd, validate=validate, progress=job.progress
+    )
 
 
 def preflight(session: Session) -> None:
+    """Check every worker once per command, just before the first job starts."""
+    if session.preflight_done:
+        return
     vm = session.spec.vm
     request = {
         "chips": vm.chips,
@@ -152,7 +158,7 @@ def preflight(session: Session) -> None:
         "min_memory_gb": vm.min_memory_gb,
         "min_shm_gb": vm.min_shm_gb,
         "shm_path": vm.shm_path,
-        "secrets": {name: f"{session.state_dir}/secrets/{name}" for name in session.secrets},
+        "secrets": {name: f"{session.secrets_dir}/{name}" for name in session.secrets},
     }
     failures = []
     for worker in session.workers:
@@ -168,21 +174,24 @@ def preflight(session: Session) -> None:
                 session.console.print(f"{worker.name}: {check['message']}")
     if failures:
         raise UserError(failures)
+    session.preflight_done = True
     session.console.print(f"preflight ok on {len(session.workers)} worker(s)")
 
 
 class Stage:
     """One job (or the setup) across all workers: its state, and how to run it to done."""
 
-    def __init__(self, session: Session, name: str, job_dir: str, specs: list[dict], target: str = ""):
+    def __init__(
+        self, session: Session, name: str, job_dir: str, specs: list[dict], before_start=lambda: None, target=""
+    ):
         self.session, self.name, self.job_dir, self.specs = session, name, job_dir, specs
+        self.before_start = before_start  # runs only when the stage has to start (not when done or running)
         self.target = target  # where a publish stage puts the model
-        self.before_start = lambda: None
 
     def states(self) -> list[dict]:
         return [w.job_states([self.job_dir])[0] for w in self.session.workers]
 
-    def run(self, before_start=lambda: None) -> dict:
+    def run(self) -> dict:
         """Bring the stage to done; return worker 0's final state or raise UserError."""
         console = self.session.console
         states = self.states()
@@ -197,7 +206,7 @@ class Stage:
                 console.print(f"{self.name}: was done but its outputs are gone (VM restarted?), running it again")
             elif kinds & {"failed", "interrupted"}:
                 console.print(f"{self.name}: last attempt {'/'.join(sorted(kinds - {'pending'}))}, retrying")
-            before_start()
+            self.before_start()
             console.print(f"{self.name}: starting on {len(self.session.workers)} worker(s)")
             for worker, spec in zip(self.session.workers, self.specs, strict=True):
                 worker.launch(self.job_dir, spec)
@@ -216,8 +225,7 @@ class Stage:
         self.session.run.save()
         bad = [(w, s) for w, s in zip(self.session.workers, states, strict=True) if s["state"] != "done"]
         if not bad:
-            took = (state.get("finished") or 0) - (state.get("started") or 0)
-            self.session.console.print(f"{self.name}: done in {took / 60:.1f} min")
+            self.session.console.print(f"{self.name}: done in {runs.minutes(state) or 0:.1f} min")
             return state
         worker, failed = bad[0]
         tail = secrets.redact(worker.log_tail(self.job_dir, LOG_TAIL_LINES), self.session.secrets)
@@ -249,22 +257,14 @@ def stages(session: Session, only: list[str] | None = None) -> list[Stage]:
     result = [Stage(session, "setup", job_dir, [spec for _ in session.workers])]
     for name in names if only is None else [n for n in names if n in only]:
         specs = [job_spec(session, rendered[name]) for rendered in per_worker]
-        result.append(Stage(session, name, session.job_dir(per_worker[0][name]), specs))
+        result.append(Stage(session, name, session.job_dir(per_worker[0][name]), specs, lambda: preflight(session)))
     return result
 
 
 def run_stages(session: Session, selected: list[Stage]) -> None:
-    """Run stages in order; the preflight runs once, just before the first job starts."""
-    checked = False
-
-    def check_once() -> None:
-        nonlocal checked
-        if not checked:
-            preflight(session)
-            checked = True
-
+    """Run stages in order, then show the eval results the train job printed."""
     for stage in selected:
-        stage.run(before_start=check_once if stage.name != "setup" else lambda: None)
+        stage.run()
     if session.run.evals:
         session.console.print(eval_table(session.run.evals))
     session.run.save()

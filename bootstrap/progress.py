@@ -64,14 +64,17 @@ def parse(line: str) -> Update | None:
     return None
 
 
+def eval_label(e: dict) -> str:
+    return {"pre": "before training", "post": "after training"}.get(e["phase"], f"step {e['step']}")
+
+
 def eval_table(evals: list[dict]) -> Table:
     table = Table(title="GSM8K evaluation")
     for column in ("when", "accuracy %", "format accuracy %", "partial accuracy %", "mean reward", "correct"):
         table.add_column(column, justify="right" if column != "when" else "left")
     for e in evals:
-        when = {"pre": "before training", "post": "after training"}.get(e["phase"], f"step {e['step']}")
         table.add_row(
-            when,
+            eval_label(e),
             f"{e['accuracy']:.2f}",
             f"{e['format_accuracy']:.2f}",
             f"{e['partial_accuracy']:.2f}",

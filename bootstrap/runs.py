@@ -17,6 +17,13 @@ def new_run_name() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%d-%H-%M-%S")
 
 
+def minutes(state: dict) -> float | None:
+    """How long a job ran, from its state's start and finish times."""
+    if state.get("started") and state.get("finished"):
+        return round((state["finished"] - state["started"]) / 60, 2)
+    return None
+
+
 def current_run() -> str | None:
     path = runs_dir() / CURRENT
     return path.read_text().strip() if path.exists() else None

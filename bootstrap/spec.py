@@ -41,6 +41,11 @@ class EnvironmentSpec(Strict):
     install_env: dict[str, str] = {}
     post_install: list[str] = []  # shell commands run inside the activated venv
 
+    @property
+    def venv_path(self) -> str:
+        """The venv as the VM sees it: relative names live in the SSH user's home."""
+        return self.venv if self.venv.startswith(("/", "~")) else f"~/{self.venv}"
+
 
 class VmSpec(Strict):
     """Where state lives on the VM and what the VM must offer before a job starts."""

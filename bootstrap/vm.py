@@ -58,8 +58,12 @@ class Worker:
         for script in ("jobrunner.py", "maxtext_check.py", "hub_upload.py", "gcs_upload.py"):
             self.conn.put(str(REMOTE_SCRIPTS / script), remote=f"{self.state_dir}/bin/{script}")
 
+    def runner_command(self, *args: str) -> str:
+        """A jobrunner.py subcommand, run by the VM's system python3."""
+        return shlex.join(["python3", self.runner, *args])
+
     def tool(self, *args: str, stdin: str | None = None) -> Result:
-        command = shlex.join(["python3", self.runner, *args])
+        command = self.runner_command(*args)
         if stdin is not None:
             command = f"printf %s {shlex.quote(stdin)} | {command}"
         return self.run(command)
@@ -83,7 +87,7 @@ class Worker:
         return True
 
     def job_states(self, job_dirs: list[str]) -> list[dict]:
-        return json.loads(self.check(shlex.join(["python3", self.runner, "status", *job_dirs]), "reading job state"))
+        return json.loads(self.check(self.runner_command("status", *job_dirs), "reading job state"))
 
     def launch(self, job_dir: str, spec: dict) -> None:
         """Start a job detached from this SSH session: it survives a dropped connection."""
@@ -95,7 +99,7 @@ class Worker:
         )
         self.put_text(f"{job_dir}/spec.json", json.dumps(spec, indent=1))
         self.check(
-            f"setsid nohup python3 {shlex.quote(self.runner)} run {quoted} </dev/null >>{quoted}/runner.err 2>&1 &",
+            f"setsid nohup {self.runner_command('run', job_dir)} </dev/null >>{quoted}/runner.err 2>&1 &",
             "starting the job",
         )
 
@@ -185,7 +189,7 @@ class Worker:
         """
         self.conn.open()
         channel = self.conn.client.get_transport().open_session()
-        channel.exec_command(shlex.join(["python3", self.runner, "lock", self.state_dir, owner]))
+        channel.exec_command(self.runner_command("lock", self.state_dir, owner))
         answer = b""
         while not answer.endswith(b"\n"):
             data = channel.recv(1024)

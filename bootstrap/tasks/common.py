@@ -56,7 +56,8 @@ def open_session(
         worker.install_scripts()
     name, why = pipeline_run.choose_run(workers, run_name, new_run)
     console.print(f"run {name} ({why}) on {', '.join(w.name for w in workers)}")
-    return Session(directory, overrides, pipeline.spec, workers, runs.RunRecord.load(name), console, values)
+    record = runs.RunRecord.load(name)
+    return Session(directory, overrides, pipeline.spec, workers, record, console, values, hub.base_model_of(pipeline))
 
 
 def prepare(session: Session) -> None:

@@ -8,6 +8,7 @@ from datetime import datetime
 from fabric import task
 from rich.table import Table
 
+from .. import runs
 from ..errors import UserError
 from ..pipeline_run import Session, Stage, owner, run_stages, stages
 from ..publish import publish_after_train
@@ -92,8 +93,8 @@ def status(c, arg=None, run_name=None):
     for worker in session.workers:
         states = worker.job_states([stage.job_dir for stage in all_stages])
         for stage, state in zip(all_stages, states, strict=True):
-            took = (state.get("finished") or 0) - (state.get("started") or 0)
-            duration = f"{took / 60:.1f} min" if state.get("finished") and state.get("started") else "-"
+            took = runs.minutes(state)
+            duration = f"{took:.1f} min" if took is not None else "-"
             outputs = "\n".join(state.get("outputs") or state.get("missing") or []) or "-"
             table.add_row(worker.name, stage.name, state["state"], _clock(state.get("started")), duration, outputs)
     console.print(table)

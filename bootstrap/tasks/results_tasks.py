@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from fabric import task
 
 from ..errors import UserError
+from ..publish import export_folder
 from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 
 
@@ -43,10 +43,7 @@ def fetch_metrics(c, arg=None, run_name=None):
 def download(c, dest=None, arg=None, run_name=None):
     """Copy the exported model from the VM to this machine (resumable, sizes verified)."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
-    export = session.rendered(session.workers[0]).get("export")
-    if export is None:
-        raise UserError("the pipeline has no export job")
-    remote = os.path.dirname(export.outputs[0])
+    remote = export_folder(session)
     local = Path(dest) if dest else session.run.folder / "model"
     console.print(f"downloading {session.workers[0].name}:{remote} to {local}")
     files = session.workers[0].download(
