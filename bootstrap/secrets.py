@@ -39,7 +39,7 @@ def require(names_by_source: dict[str, list[str]]) -> dict[str, str]:
     return values
 
 
-def redact(text: str, values: dict[str, str]) -> str:
-    for value in values.values():
-        text = text.replace(value, REDACTED)
-    return text
+def available(names_by_source: dict[str, list[str]]) -> dict[str, str]:
+    """The secrets the job files declare that are set here: only to redact them from what is shown."""
+    names = {name for names in names_by_source.values() for name in names}
+    return {name: value for name in names if (value := lookup(name)) is not None}

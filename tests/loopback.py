@@ -10,6 +10,7 @@ maxtext package (tests/standin) installed by `fab setup` in place of the real on
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -113,14 +114,41 @@ ClientAliveInterval 5
         server.wait(timeout=10)
 
 
-def write_test_jobs(directory: Path, tmp: Path, packages: list[str]) -> None:
-    """The real jobs/, with the settings a loopback host without a TPU needs."""
+HF_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+INSTRUCT_TOKEN_IDS = {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}
+
+
+def write_hub_cache(hf_home: Path) -> None:
+    """The model's files as the Hub leaves them in a Hugging Face cache (HF_HUB_OFFLINE=1 reads it)."""
+    repo = hf_home / "hub" / f"models--{HF_MODEL.replace('/', '--')}"
+    snapshot = repo / "snapshots" / "0e9e39f249a16976918f6564b8830bc894c89659"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(snapshot.name)
+    (snapshot / "config.json").write_text(json.dumps({"model_type": "llama", **INSTRUCT_TOKEN_IDS}))
+    (snapshot / "generation_config.json").write_text(json.dumps({**INSTRUCT_TOKEN_IDS, "temperature": 0.6}))
+    (snapshot / "model.safetensors").write_bytes(b"weights")
+
+
+def edit_yaml(path: Path, change) -> None:
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def write_test_jobs(directory: Path, tmp: Path, packages: list[str], venv: Path | None = None) -> None:
+    """The real jobs/, with the settings a loopback host without a TPU needs, and the Hub's files in a
+    local Hugging Face cache read offline."""
     directory.mkdir(parents=True, exist_ok=True)
     for path in (REPO / "jobs").glob("*.yaml"):
         shutil.copy(path, directory / path.name)
+    write_hub_cache(tmp / "hf_home")
+    for job in ("prefetch", "export"):
+        edit_yaml(directory / f"{job}.yaml", lambda data: data["env"].update(HF_HUB_OFFLINE="1"))
     pipeline = yaml.safe_load((REPO / "jobs" / "pipeline.yaml").read_text())
     pipeline["vars"]["work_dir"] = f"{tmp}/shm/${{model_name}}"
-    pipeline["environment"] = {"python": "3.12", "venv": str(tmp / "venv"), "packages": packages}
+    pipeline["vars"]["hf_home"] = str(tmp / "hf_home")
+    pipeline["environment"] = {"python": "3.12", "venv": str(venv or tmp / "venv"), "packages": packages}
     (tmp / "startup.done").write_text("ok\n")
     pipeline["vm"].update(
         state_dir=str(tmp / "state"),

@@ -1,19 +1,30 @@
-"""The VM side of the pipeline: run a job detached, report state, hold the lock, preflight.
+"""The VM side of tpu-rl: the one module that owns the job protocol on the VM.
 
-Copied to the VM and run with its system python3 (standard library only), so it
-works before any environment exists. Subcommands:
+Copied to the VM and run with its system python3 (standard library only), so it works
+before any environment exists. It owns the folder layout (Layout), the job states
+(JobState), the files of a job folder, the lock, and the preflight. The laptop imports
+the same module for the names and drives it through these subcommands:
 
-    run JOB_DIR                 run JOB_DIR/spec.json; survives the SSH session
-    status JOB_DIR...           JSON state of each job (done, running, failed, ...)
-    lock STATE_DIR OWNER [S]    hold STATE_DIR/lock until stdin closes or is silent S seconds
-    preflight                   check the VM against the JSON request on stdin
+    launch JOB_DIR                start the job whose spec.json comes on stdin, detached;
+                                  return once the runner has recorded it (prints its state)
+    run JOB_DIR                   the detached runner itself (started by launch)
+    status JOB_DIR...             JSON state of each job
+    follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
+    prepare STATE_DIR [RUN]       create the state folder (0700) and record the current run
+    lock STATE_DIR OWNER          hold the VM's lock while pings arrive on stdin
+    preflight                     check the VM against the JSON request on stdin
 
-A job counts as done only when it exited 0 and every declared output exists;
-`done` is written after that check and never before.
+A job's command runs in its own session and process group, behind a small shell that
+writes its exit code to a file: if the runner dies, the job goes on, and the next launch
+re-attaches a new runner to it instead of starting a second copy. A job counts as done
+only when it exited 0 and every declared output exists; `done` is written after that
+check and never before.
 """
 
 from __future__ import annotations
 
+import enum
+import errno
 import fcntl
 import glob
 import json
@@ -24,12 +35,67 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 LOCK_SILENCE_SECONDS = 90
+LAUNCH_WAIT_SECONDS = 60
+FOLLOW_POLL_SECONDS = 0.2
+READ_CHUNK = 64 * 1024
+
+# The files of a job folder.
+SPEC = "spec.json"  # what to run (written by launch)
+RUNNER = "runner.json"  # the runner's pid and start time
+PROCESS = "process.json"  # the job's own process group: pid and start time
+EXIT_CODE = "exit_code"  # written by the job's shell when its command ends
+RESULT = "result.json"  # the runner's verdict: exit code, error
+DONE = "done"  # written only after the outputs were verified
+LOG = "log"
+RUNNER_ERR = "runner.err"  # the runner's own stderr: shown when it fails to start
+
+
+class JobState(str, enum.Enum):
+    """Where a job stands on the VM, as `status` reports it."""
+
+    PENDING = "pending"
+    """Never started in this folder."""
+    RUNNING = "running"
+    """Its runner or its process is alive."""
+    DONE = "done"
+    """Exited 0 and every declared output exists."""
+    FAILED = "failed"
+    """Ended with a non-zero exit code, or exited 0 without its outputs."""
+    INTERRUPTED = "interrupted"
+    """Started, but runner and process are gone without a verdict (VM restart, kill)."""
+    LOST = "lost"
+    """Was done, but its outputs have gone since (a restart wipes /dev/shm)."""
+
+
+class Layout:
+    """Where everything lives on the VM, below the state folder (relative paths: the SSH user's home)."""
+
+    def __init__(self, state_dir: str):
+        self.root = state_dir.rstrip("/")
+        self.bin = f"{self.root}/bin"
+        self.secrets = f"{self.root}/secrets"
+        self.lock = f"{self.root}/lock"
+        self.lock_owner = f"{self.root}/lock.owner"
+        self.current_run = f"{self.root}/current-run"
+
+    def setup(self, digest: str) -> str:
+        """The environment build for one spec: the same spec again finds it done."""
+        return f"{self.root}/setup/{digest}"
+
+    def shared(self, job: str, key: str) -> str:
+        """A job that renders the same for every run (convert): done once, used by all runs."""
+        return f"{self.root}/shared/{job}-{key}"
+
+    def run_job(self, run: str, job: str) -> str:
+        return f"{self.root}/runs/{run}/{job}"
+
+    def tool(self, script: str) -> str:
+        return f"{self.bin}/{script}"
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -46,6 +112,24 @@ def _read_json(path: str) -> dict | None:
             return json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat): with the pid, a process identity."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def identity(pid: int) -> dict:
+    return {"pid": pid, "start": _start_time(pid)}
+
+
+def alive(record: dict | None) -> bool:
+    """The process recorded in `record` still runs (a reused pid has another start time)."""
+    return bool(record) and record.get("start") is not None and _start_time(record["pid"]) == record["start"]
 
 
 def latest_step(directory: str) -> str:
@@ -75,175 +159,240 @@ def missing_outputs(patterns: list[str]) -> list[str]:
     return missing
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"jobrunner" in f.read()
-    except OSError:
-        return False
-
-
 def job_state(job_dir: str) -> dict:
-    spec = _read_json(os.path.join(job_dir, "spec.json")) or {}
-    runner = _read_json(os.path.join(job_dir, "runner.json"))
-    result = _read_json(os.path.join(job_dir, "result.json"))
-    done = _read_json(os.path.join(job_dir, "done"))
-    log = os.path.join(job_dir, "log")
+    """The job's state and the facts behind it (times, exit code, outputs)."""
+    path = lambda name: os.path.join(job_dir, name)  # noqa: E731
+    spec = _read_json(path(SPEC)) or {}
+    runner, process = _read_json(path(RUNNER)), _read_json(path(PROCESS))
+    result, done = _read_json(path(RESULT)), _read_json(path(DONE))
+    log = path(LOG)
     state = {"job_dir": job_dir, "log": log, "log_bytes": os.path.getsize(log) if os.path.exists(log) else 0}
     if runner:
-        state.update(started=runner["started"], pid=runner["pid"])
+        state["started"] = runner.get("started")
     if result:
         state.update(finished=result["finished"], exit_code=result["exit_code"], error=result.get("error"))
     if done:
         missing = missing_outputs(spec.get("outputs", []))
-        state.update(state="lost" if missing else "done", outputs=done["outputs"], missing=missing)
+        state.update(state=JobState.LOST if missing else JobState.DONE, outputs=done["outputs"], missing=missing)
     elif result:
-        state["state"] = "failed"
+        state["state"] = JobState.FAILED
+    elif alive(runner) or alive(process):
+        state["state"] = JobState.RUNNING
     elif runner:
-        state["state"] = "running" if _alive(runner["pid"]) else "interrupted"
+        state["state"] = JobState.INTERRUPTED
     else:
-        state["state"] = "pending"
+        state["state"] = JobState.PENDING
+    state["state"] = state["state"].value
     return state
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        result |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def event_steps(path: str) -> list[int]:
-    """The `step` of every record in a TensorBoard event file (TFRecord of Event protos)."""
-    steps = []
-    with open(path, "rb") as f:
-        data = f.read()
-    pos = 0
-    while pos + 12 <= len(data):
-        length = int.from_bytes(data[pos : pos + 8], "little")
-        record = data[pos + 12 : pos + 12 + length]
-        if len(record) < length:
-            break  # the writer is mid-record
-        pos += 12 + length + 4
-        i = 0
-        while i < len(record):
-            key, i = _varint(record, i)
-            field, wire = key >> 3, key & 7
-            if wire == 0:
-                value, i = _varint(record, i)
-                if field == 2:
-                    steps.append(value)
-            elif wire == 1:
-                i += 8
-            elif wire == 2:
-                size, i = _varint(record, i)
-                i += size
-            elif wire == 5:
-                i += 4
-            else:
-                break
-    return steps
-
-
-def max_event_step(directory: str) -> int | None:
-    files = glob.glob(os.path.join(directory, "**", "*tfevents*"), recursive=True)
-    steps = [s for f in files for s in event_steps(f)]
-    return max(steps) if steps else None
-
-
-def _watch_steps(progress: dict, log, stop: threading.Event) -> None:
-    """Write `[tpu-rl] step k/N` to the log whenever the trainer's event files advance."""
-    last = None
-    directory = os.path.expanduser(progress["tensorboard_dir"])
-    while not stop.wait(float(os.environ.get("TPU_RL_POLL_SECONDS", "10"))):
-        try:
-            step = max_event_step(directory)
-        except OSError:
-            continue
-        if step is not None and step != last:
-            last = step
-            log.write(f"[tpu-rl] step {step}/{progress['total_steps']}\n".encode())
 
 
 def _secret_env(spec: dict) -> dict:
     env = {}
     for name in spec.get("secrets", []):
-        path = os.path.join(os.path.expanduser(spec["secrets_dir"]), name)
-        with open(path) as f:
+        with open(os.path.join(os.path.expanduser(spec["secrets_dir"]), name)) as f:
             env[name] = f.read().strip()
     return env
 
 
-def _run_step(argv: list[str], env: dict, cwd: str, log) -> int:
-    log.flush()
-    child = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-    return child.wait()
+def _expand(value: str) -> str:
+    return os.path.expanduser(resolve_runtime(value))
 
 
-def run(job_dir: str) -> int:
-    spec = _read_json(os.path.join(job_dir, "spec.json"))
-    _write_json(
-        os.path.join(job_dir, "runner.json"), {"pid": os.getpid(), "started": time.time(), "host": socket.gethostname()}
-    )
-    exit_code, error = 1, None
-    with open(os.path.join(job_dir, "log"), "ab", buffering=0) as log:
+def _wait_gone(record: dict) -> None:
+    while alive(record):
+        time.sleep(1)
+
+
+class _Job:
+    """One job folder, as its runner sees it."""
+
+    def __init__(self, job_dir: str):
+        self.dir = job_dir
+        self.spec = _read_json(self.path(SPEC))
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def note(self, log, text: str) -> None:
+        log.write(f"[tpu-rl] {text}\n".encode())
+
+    def step(self, argv: list[str], env: dict, log) -> int:
+        """Run one command in its own process group; its exit code is kept in a file, so a
+        runner that dies does not lose it and a new runner can adopt the process."""
+        exit_file = self.path(EXIT_CODE)
+        if os.path.exists(exit_file):
+            os.remove(exit_file)
+        wrapper = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', exit_file, *argv]
+        cwd = os.path.expanduser(self.spec.get("cwd", "~"))
+        child = subprocess.Popen(
+            wrapper, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+        record = identity(child.pid)
+        _write_json(self.path(PROCESS), record)
+        forward = lambda signum, _frame: os.killpg(child.pid, signum)  # noqa: E731
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        child.wait()
+        return self.exit_code()
+
+    def exit_code(self) -> int:
         try:
-            env = {**os.environ, **{k: resolve_runtime(v) for k, v in spec["env"].items()}, **_secret_env(spec)}
-            argv = [os.path.expanduser(spec["argv"][0])] + [resolve_runtime(a) for a in spec["argv"][1:]]
-            cwd = os.path.expanduser(spec.get("cwd", "~"))
-            exit_code = 0
-            if spec.get("validate"):
-                log.write(b"[tpu-rl] checking the arguments with MaxText's own validator\n")
-                validate = [os.path.expanduser(a) for a in spec["validate"]] + argv[3:]
-                exit_code = _run_step([argv[0], *validate], env, cwd, log)
-                error = "MaxText rejected the arguments" if exit_code else None
-            if exit_code == 0:
-                log.write(f"[tpu-rl] starting {spec['module']}\n".encode())
-                stop = threading.Event()
-                if spec.get("progress"):
-                    threading.Thread(target=_watch_steps, args=(spec["progress"], log, stop), daemon=True).start()
-                exit_code = _run_step(argv, env, cwd, log)
-                stop.set()
-                error = f"exited with {exit_code}" if exit_code else None
-        except (OSError, LookupError, KeyError) as err:
-            exit_code, error = 1, f"could not start: {err}"
-            log.write(f"[tpu-rl] {error}\n".encode())
-        missing = missing_outputs(spec["outputs"]) if exit_code == 0 else []
-        if missing:
-            error = f"exited 0 but outputs are missing: {', '.join(missing)}"
-            log.write(f"[tpu-rl] {error}\n".encode())
-    _write_json(os.path.join(job_dir, "result.json"), {"exit_code": exit_code, "finished": time.time(), "error": error})
-    if exit_code == 0 and not missing:
-        outputs = sorted(m for p in spec["outputs"] for m in glob.glob(os.path.expanduser(p)))
-        _write_json(os.path.join(job_dir, "done"), {"finished": time.time(), "outputs": outputs})
-    return exit_code
+            with open(self.path(EXIT_CODE)) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return -signal.SIGKILL  # the shell itself was killed: no code
+
+    def run(self) -> int:
+        """Run (or adopt) the job, then write its verdict."""
+        _write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
+        exit_code, error = 1, None
+        with open(self.path(LOG), "ab", buffering=0) as log:
+            try:
+                env = {**os.environ, **{k: _expand(v) for k, v in self.spec["env"].items()}, **_secret_env(self.spec)}
+                process = _read_json(self.path(PROCESS))
+                if alive(process):
+                    self.note(log, "re-attached to the running job (its runner had stopped)")
+                    _wait_gone(process)
+                    exit_code = self.exit_code()
+                else:
+                    exit_code, error = self.start(env, log)
+                if exit_code and not error:
+                    error = f"exited with {exit_code}" if exit_code > 0 else "its process was killed"
+            except (OSError, LookupError, KeyError) as err:
+                exit_code, error = 1, f"could not start: {err}"
+                self.note(log, error)
+            missing = missing_outputs(self.spec["outputs"]) if exit_code == 0 else []
+            if missing:
+                error = f"exited 0 but outputs are missing: {', '.join(missing)}"
+                self.note(log, error)
+        _write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
+        if exit_code == 0 and not missing:
+            outputs = sorted(m for p in self.spec["outputs"] for m in glob.glob(os.path.expanduser(p)))
+            _write_json(self.path(DONE), {"finished": time.time(), "outputs": outputs})
+        return exit_code
+
+    def start(self, env: dict, log) -> tuple[int, str | None]:
+        argv = [_expand(a) for a in self.spec["argv"]]
+        if self.spec.get("validate"):
+            self.note(log, "checking the arguments with MaxText's own validator")
+            validate = [_expand(a) for a in self.spec["validate"]]
+            if self.step([argv[0], *validate, *argv[3:]], env, log):
+                return 2, "MaxText rejected the arguments"
+        self.note(log, f"starting {self.spec['name']}")
+        exit_code = self.step(argv, env, log)
+        for after in self.spec.get("after") or []:
+            if exit_code:
+                break
+            command = [_expand(a) for a in after]
+            self.note(log, f"then: {' '.join(command)}")
+            exit_code = self.step(command, env, log)
+        return exit_code, None
+
+
+def launch(job_dir: str, spec_text: str) -> int:
+    """Start the job detached and return once its runner has recorded it.
+
+    A job already running is left alone; a job whose runner died but whose process
+    lives gets a new runner that adopts it. Prints the state as JSON.
+    """
+    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    state = job_state(job_dir)
+    runner = _read_json(os.path.join(job_dir, RUNNER))
+    if state["state"] == JobState.RUNNING.value and alive(runner):
+        print(json.dumps(state))
+        return 0
+    if state["state"] != JobState.RUNNING.value:  # a fresh attempt: keep the old log, forget the old verdict
+        for name in (RESULT, DONE, RUNNER, PROCESS, EXIT_CODE):
+            if os.path.exists(os.path.join(job_dir, name)):
+                os.remove(os.path.join(job_dir, name))
+        log = os.path.join(job_dir, LOG)
+        if os.path.exists(log) and os.path.getsize(log):
+            os.replace(log, f"{log}.{int(time.time())}")
+        with open(os.path.join(job_dir, f"{SPEC}.tmp"), "w") as f:
+            f.write(spec_text)
+        os.replace(os.path.join(job_dir, f"{SPEC}.tmp"), os.path.join(job_dir, SPEC))
+    err_path = os.path.join(job_dir, RUNNER_ERR)
+    offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
+    with open(err_path, "ab") as err:
+        runner_process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "run", job_dir],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + LAUNCH_WAIT_SECONDS
+    while not os.path.exists(os.path.join(job_dir, RUNNER)):
+        if runner_process.poll() is not None or time.monotonic() > deadline:
+            with open(err_path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace").strip()
+            print(f"the job runner did not start: {text[-2000:] or 'no output'}", file=sys.stderr)
+            return 1
+        time.sleep(0.02)
+    print(json.dumps(job_state(job_dir)))
+    return 0
+
+
+def follow(job_dir: str, tail: bool) -> int:
+    """Copy the job's log to stdout as it grows; end once the job is no longer running."""
+    log_path = os.path.join(job_dir, LOG)
+    out = sys.stdout.buffer
+    position = max(0, os.path.getsize(log_path) - 8192) if tail and os.path.exists(log_path) else 0
+    while True:
+        try:
+            with open(log_path, "rb") as f:
+                f.seek(position)
+                data = f.read(READ_CHUNK)
+        except FileNotFoundError:
+            data = b""
+        if data:
+            position += len(data)
+            out.write(data)
+            out.flush()
+            continue
+        if job_state(job_dir)["state"] != JobState.RUNNING.value:
+            return 0  # the log was read to its end after the job stopped
+        time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def prepare(state_dir: str, run: str | None) -> int:
+    """The state folder, readable by the SSH user only, and the run later commands continue."""
+    layout = Layout(state_dir)
+    for folder in (layout.root, layout.bin, layout.secrets):
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+    if run:
+        with open(layout.current_run + ".tmp", "w") as f:
+            f.write(run + "\n")
+        os.replace(layout.current_run + ".tmp", layout.current_run)
+    return 0
 
 
 def hold_lock(state_dir: str, owner: str, silence: float = LOCK_SILENCE_SECONDS) -> int:
-    """Hold the lock while the owner's pings arrive on stdin.
+    """Hold the lock while the owner's pings arrive on stdin, answering each with `ok`.
 
     Ends when the channel closes (fab exited or was killed) or when no ping came for
     `silence` seconds (the laptop vanished without closing the connection).
     """
-    os.makedirs(state_dir, exist_ok=True)
-    with open(os.path.join(state_dir, "lock"), "a+") as handle:
+    layout = Layout(state_dir)
+    os.makedirs(layout.root, mode=0o700, exist_ok=True)
+    with open(layout.lock, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            with open(os.path.join(state_dir, "lock.owner")) as f:
-                print(f"busy: {f.read().strip()}", flush=True)
+            try:
+                with open(layout.lock_owner) as f:
+                    print(f"busy: {f.read().strip()}", flush=True)
+            except FileNotFoundError:
+                print("busy: another fab command", flush=True)
             return 75
-        with open(os.path.join(state_dir, "lock.owner"), "w") as f:
+        with open(layout.lock_owner, "w") as f:
             f.write(owner)
         print("locked", flush=True)
         stdin = sys.stdin.fileno()
         while select.select([stdin], [], [], silence)[0] and os.read(stdin, 4096):
-            pass
+            print("ok", flush=True)
     return 0
 
 
@@ -304,28 +453,38 @@ def preflight(request: dict) -> list[dict]:
     for name, path in request.get("secrets", {}).items():
         path = os.path.expanduser(path)
         present = os.path.isfile(path) and os.path.getsize(path) > 0
-        private = present and (os.stat(path).st_mode & 0o077) == 0
-        check(
-            f"secret {name}",
-            present and private,
-            f"{name} {'is stored, readable only by you' if private else 'is missing or readable by others'} ({path})",
-        )
+        check(f"secret {name}", present, f"{name} {'is stored' if present else 'is missing'} ({path})")
     return checks
 
 
 def main(argv: list[str]) -> int:
+    os.umask(0o077)  # logs, state and outputs of tpu-rl are the SSH user's alone
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
-    if command == "run":
-        return run(args[0])
-    if command == "status":
-        print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
-        return 0
-    if command == "lock":
-        return hold_lock(os.path.expanduser(args[0]), args[1], *(float(a) for a in args[2:3]))
-    if command == "preflight":
-        checks = preflight(json.load(sys.stdin))
-        print(json.dumps(checks))
-        return 0 if all(c["ok"] for c in checks) else 1
+    try:
+        if command == "launch":
+            return launch(os.path.expanduser(args[0]), sys.stdin.read())
+        if command == "run":
+            return _Job(os.path.expanduser(args[0])).run()
+        if command == "status":
+            print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
+            return 0
+        if command == "follow":
+            return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
+        if command == "prepare":
+            return prepare(os.path.expanduser(args[0]), args[1] if len(args) > 1 else None)
+        if command == "lock":
+            return hold_lock(os.path.expanduser(args[0]), args[1])
+        if command == "preflight":
+            checks = preflight(json.load(sys.stdin))
+            print(json.dumps(checks))
+            return 0 if all(c["ok"] for c in checks) else 1
+    except BrokenPipeError:
+        return 0  # the reader went away (fab stopped following)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename else ""
+        hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        print(f"{command}: {err.strerror or err}{where}{hint}", file=sys.stderr)
+        return 74
     print(__doc__, file=sys.stderr)
     return 64
 

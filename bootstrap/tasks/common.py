@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 
 from invoke import Context, Exit
 from rich.console import Console
 
-from .. import hosts, hub, pipeline_run, runs, secrets
+from .. import secrets
 from ..errors import UserError
+from ..jobs import load
+from ..jobs.check import base_model_of
+from ..jobs.plan import build, check_local, check_run_name
 from ..paths import jobs_dir
-from ..pipeline_run import Session
+from ..remote.jobrunner import Layout
+from ..results import hub, runs
+from ..vm import connect
+from ..vm.machine import Vm
+from ..vm.output import Cleaner
+from ..vm.scheduler import Session
 
 ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_batches=100, vars.num_batches=100, convert.--lazy_load_tensors=True"
 RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
@@ -19,7 +29,7 @@ console = Console()
 
 
 def reports_errors(body: Callable) -> Callable:
-    """Show a UserError as its message and exit 2; Ctrl-C says what goes on, without a traceback."""
+    """A UserError is its message and exit 2; Ctrl-C says what goes on; a closed pipe ends quietly."""
 
     @functools.wraps(body)
     def wrapper(*args, **kwargs):
@@ -31,6 +41,9 @@ def reports_errors(body: Callable) -> Callable:
             raise Exit(
                 "\ninterrupted: anything started on the VM goes on. Run the same command again to carry on.", code=130
             ) from None
+        except BrokenPipeError:  # `fab plan | head`: the reader has all it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise Exit(code=0) from None
 
     return wrapper
 
@@ -38,33 +51,41 @@ def reports_errors(body: Callable) -> Callable:
 def open_session(
     c: Context, overrides: list[str], run_name: str | None = None, new_run: bool = False, runs_jobs: bool = True
 ) -> Session:
-    """Check everything local first, then connect; the run is chosen from the VM's record.
+    """Check everything local first, then connect, choose the run, and build the one plan.
 
     Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting.
     """
-    directory = jobs_dir()
-    pipeline = pipeline_run.load_checked(directory, overrides)
+    files = load.read(jobs_dir())
+    pipeline = check_local(files, overrides)
+    if run_name:
+        check_run_name(run_name)
     sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
-    values = secrets.require(sources) if runs_jobs else {}
-    if "HF_TOKEN" in values:
+    values = secrets.require(sources) if runs_jobs else secrets.available(sources)
+    if runs_jobs and "HF_TOKEN" in values:
         console.print("checking the Hugging Face token")
-        for line in hub.preflight(values["HF_TOKEN"], hub.base_model_of(pipeline), pipeline.spec.results.hub_repo):
+        for line in hub.preflight(values["HF_TOKEN"], base_model_of(pipeline), pipeline.spec.results.hub_repo):
             console.print(f"  {line}")
-    console.print(f"connecting to the VM ({'-H' if hasattr(c, 'host') else 'Pulumi stack outputs'})")
-    workers = hosts.workers(c, pipeline.spec.vm.state_dir)
-    for worker in workers:
-        worker.install_scripts()
-    name, why = pipeline_run.choose_run(workers, run_name, new_run)
-    console.print(f"run {name} ({why}) on {', '.join(w.name for w in workers)}")
-    record = runs.RunRecord.load(name)
-    return Session(directory, overrides, pipeline.spec, workers, record, console, values, hub.base_model_of(pipeline))
+    conn = connect.connection(c)
+    console.print(f"connecting to {conn.host} ({'-H' if isinstance(c, type(conn)) else 'Pulumi stack outputs'})")
+    vm = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
+    vm.prepare()
+    name, why = choose_run(vm, run_name, new_run)
+    console.print(f"run {name} ({why}) on {vm.name}")
+    return Session(build(files, overrides, name), vm, console, runs.RunRecord.load(name), values, overrides=overrides)
+
+
+def choose_run(vm: Vm, requested: str | None, new: bool) -> tuple[str, str]:
+    """The run to work on and why: asked for, the VM's current one, or a new one."""
+    if requested:
+        return requested, "given with --run-name"
+    if not new and (current := vm.current_run()):
+        return check_run_name(current, f"{vm.name}:{vm.layout.current_run}"), "the VM's current run"
+    return runs.new_run_name(), "a new run"
 
 
 def prepare(session: Session) -> None:
-    """Inside the lock: the run and secrets on every worker, and the VM ready."""
-    pipeline_run.record_current_run(session)
-    for worker in session.workers:
-        for name, value in session.secrets.items():
-            if worker.put_secret(name, value):
-                console.print(f"{worker.name}: stored {name} (readable only by the SSH user)")
-    pipeline_run.wait_for_startup(session)
+    """Inside the lock: the run and the secrets on the VM, and the VM ready."""
+    for line in session.vm.prepare(session.plan.run_name, session.secrets):
+        console.print(f"{session.vm.name}: {line}")
+    vm_spec = session.plan.spec.vm
+    session.vm.wait_for_startup(vm_spec.startup_marker, vm_spec.startup_log, console)

@@ -8,11 +8,12 @@ import sys
 
 from fabric import task
 
-from .. import runs
-from ..jobs import DEFERRED, render
+from ..jobs import load
+from ..jobs.load import DEFERRED
+from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name
+from ..jobs.show import plan_dict, plan_text
 from ..paths import REPO, jobs_dir
-from ..pipeline_run import load_checked
-from ..plan import plan_dict, plan_text
+from ..results import runs
 from .common import ARG_HELP, RUN_HELP, console, reports_errors
 
 
@@ -20,22 +21,24 @@ from .common import ARG_HELP, RUN_HELP, console, reports_errors
 @reports_errors
 def plan(c, arg=None, json_=False, run_name=None):
     """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi)."""
-    name = run_name or runs.current_run()
-    rendered = render(load_checked(jobs_dir(), arg or [], name))
+    files = load.read(jobs_dir())
+    check_local(files, arg or [])
+    name = check_run_name(run_name) if run_name else runs.current_run()
+    built = build(files, arg or [], name or PLACEHOLDER_RUN)
     record = runs.RunRecord.load(name) if name else None
-    if json_:
-        print(json.dumps(plan_dict(rendered, name, record), indent=1))
-    else:
-        print(plan_text(rendered, name, record))
+    print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
 
 
 @task(iterable=["arg"], help={"arg": ARG_HELP, "python": "a Python 3.12 with maxtext importable"})
 @reports_errors
 def check(c, arg=None, python="python3"):
     """Run MaxText's own validator on every job's arguments (needs maxtext, not a TPU)."""
-    rendered = render(load_checked(jobs_dir(), arg or [], runs.current_run() or "check"))
+    files = load.read(jobs_dir())
+    check_local(files, arg or [])
     failed = 0
-    for job in rendered:
+    for job in build(files, arg or [], runs.current_run() or "check").rendered:
+        if job.module is None:
+            continue
         args = [DEFERRED.sub("0", a) for a in job.argv[3:]]
         console.print(f"{job.name}: checking with MaxText's validator ...")
         result = subprocess.run(

@@ -3,47 +3,39 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import datetime
 
 from fabric import task
 from rich.table import Table
 
-from .. import runs
-from ..errors import UserError
-from ..pipeline_run import Session, Stage, owner, run_stages, stages
-from ..publish import publish_after_train
+from ..jobs.load import SETUP
+from ..results import runs
+from ..results.publish import publish_after_train
+from ..vm.progress import eval_table
+from ..vm.scheduler import Session, owner, run_jobs
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
 
 
-def _run(c, arg, run_name, only: list[str] | None, new_run: bool = False, after=lambda session: None) -> None:
-    """Run the selected stages, and then `after`, while holding the VM's lock."""
+def _run(c, arg, run_name, only: list[str] | None, new_run=False, after: Callable[[Session], None] = lambda s: None):
+    """Bring the selected jobs (all by default) to done, and then `after`, while holding the VM's lock."""
     session = open_session(c, arg or [], run_name, new_run)
-    with session.workers[0].lock(owner()):
+    with session.vm.lock(owner()):
         prepare(session)
-        selected = stages(session, only)
-        if only:
-            _require_needs(session, selected[1:])
-        run_stages(session, selected)
+        names = session.plan.names if only is None else [SETUP, *(name for name in only if name != SETUP)]
+        run_jobs(session, [session.plan.job(name) for name in names])
+        if session.record.evals:
+            console.print(eval_table(session.record.evals))
         after(session)
-
-
-def _require_needs(session: Session, selected: list[Stage]) -> None:
-    """A single job runs only when the jobs it needs are done."""
-    by_name = {stage.name: stage for stage in stages(session)}
-    for stage in selected:
-        for need in session.rendered(session.workers[0])[stage.name].needs:
-            state = by_name[need].states()[0]["state"]
-            if state != "done":
-                raise UserError(f"{stage.name} needs {need}, which is {state}: run fab {need} or fab train")
 
 
 @task(iterable=["arg"], help={"arg": ARG_HELP})
 @reports_errors
 def setup(c, arg=None):
     """Build the MaxText environment on the VM (a no-op in seconds when the spec is unchanged)."""
-    _run(c, arg, None, only=[])
+    _run(c, arg, None, only=[SETUP])
 
 
 @task(
@@ -52,21 +44,21 @@ def setup(c, arg=None):
 )
 @reports_errors
 def train(c, arg=None, run_name=None, new_run=False):
-    """Set up the VM, then convert -> train -> export; safe to interrupt and run again."""
+    """Set up the VM, then prefetch + convert -> train -> export; safe to interrupt and run again."""
     _run(c, arg, run_name, None, new_run, after=_finish_train)
 
 
 def _finish_train(session: Session) -> None:
     publish_after_train(session)
     console.print(
-        f"run {session.run.name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
+        f"run {session.plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
     )
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)
 @reports_errors
 def convert(c, arg=None, run_name=None):
-    """Run only the convert job (Hugging Face -> MaxText checkpoint)."""
+    """Run only the convert job (Hugging Face -> MaxText checkpoint); prefetch must be done."""
     _run(c, arg, run_name, ["convert"])
 
 
@@ -86,17 +78,15 @@ def _clock(ts):
 def status(c, arg=None, run_name=None):
     """Show each job of the run: state, start, duration, outputs."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
-    table = Table(title=f"run {session.run.name}")
-    for column in ("worker", "job", "state", "started", "duration", "outputs"):
+    table = Table(title=f"run {session.plan.run_name} on {session.vm.name}")
+    for column in ("job", "state", "started", "duration", "outputs"):
         table.add_column(column)
-    all_stages = stages(session)
-    for worker in session.workers:
-        states = worker.job_states([stage.job_dir for stage in all_stages])
-        for stage, state in zip(all_stages, states, strict=True):
-            took = runs.minutes(state)
-            duration = f"{took:.1f} min" if took is not None else "-"
-            outputs = "\n".join(state.get("outputs") or state.get("missing") or []) or "-"
-            table.add_row(worker.name, stage.name, state["state"], _clock(state.get("started")), duration, outputs)
+    states = session.vm.states([job.job_dir for job in session.plan.jobs])
+    for job, state in zip(session.plan.jobs, states, strict=True):
+        took = runs.minutes({"started": state.started, "finished": state.finished})
+        outputs = "\n".join(state.outputs or state.missing) or "-"
+        duration = f"{took:.1f} min" if took is not None else "-"
+        table.add_row(job.name, state.state.value, _clock(state.started), duration, outputs)
     console.print(table)
 
 
@@ -107,18 +97,15 @@ def status(c, arg=None, run_name=None):
 def logs(c, job=None, arg=None, run_name=None):
     """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
-    all_stages = {stage.name: stage for stage in stages(session)}
-    worker = session.workers[0]
     if job is None:
-        states = dict(zip(all_stages, worker.job_states([s.job_dir for s in all_stages.values()]), strict=True))
-        started = [name for name, state in states.items() if state["state"] != "pending"]
-        running = [name for name in started if states[name]["state"] == "running"]
-        job = (running or started or ["setup"])[-1]
-    if job not in all_stages:
-        raise UserError(f"no job {job!r}; jobs are {', '.join(all_stages)}")
-    console.print(f"following {job} on {worker.name} (Ctrl-C stops following; the job goes on)", style="dim")
+        states = dict(zip(session.plan.names, session.vm.states([j.job_dir for j in session.plan.jobs]), strict=True))
+        started = [name for name, state in states.items() if state.state.value != "pending"]
+        running = [name for name in started if states[name].state.value == "running"]
+        job = (running or started or [SETUP])[-1]
+    planned = session.plan.job(job)
+    console.print(f"following {job} on {session.vm.name} (Ctrl-C stops following; the job goes on)", style="dim")
     out = sys.stdout
     try:
-        worker.follow(all_stages[job].job_dir, lambda line: out.write(line + "\n"))
+        session.vm.follow(planned.job_dir, lambda line: out.write(line + "\n"))
     except KeyboardInterrupt:
-        console.print("\nstopped following; the job goes on", style="dim")
+        console.print(f"\nstopped following; the job goes on. Again: {session.hint('logs', '--job', job)}", style="dim")

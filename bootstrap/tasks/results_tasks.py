@@ -8,7 +8,6 @@ from pathlib import Path
 from fabric import task
 
 from ..errors import UserError
-from ..publish import export_folder
 from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 
 
@@ -16,24 +15,24 @@ from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 @reports_errors
 def fetch_metrics(c, arg=None, run_name=None):
     """Copy the run's training metrics from the VM; write CSV, a PNG plot and a summary locally."""
-    from .. import metrics  # matplotlib and TensorBoard take half a second to import: only here
+    from ..results import metrics  # matplotlib and TensorBoard take half a second to import: only here
 
     session = open_session(c, arg or [], run_name, runs_jobs=False)
-    train = session.rendered(session.workers[0]).get("train")
-    if train is None or not train.progress:
-        raise UserError("the pipeline has no train job with progress.tensorboard_dir: nothing to read")
-    folder = session.run.folder
+    train = next((job for job in session.plan.rendered if job.progress), None)
+    if train is None:
+        raise UserError("the pipeline has no job with progress.tensorboard_dir: nothing to read")
+    record, folder = session.record, session.record.folder
     events = folder / "tensorboard"
-    console.print(f"copying event files from {session.workers[0].name}:{train.progress['tensorboard_dir']}")
-    session.workers[0].download(train.progress["tensorboard_dir"], events)
+    console.print(f"copying event files from {session.vm.name}:{train.progress['tensorboard_dir']}")
+    session.vm.download(train.progress["tensorboard_dir"], events)
     series = metrics.read_events(events)
     metrics.write_csv(series, folder / "metrics.csv")
-    metrics.write_evals_csv(session.run.evals, folder / "evals.csv")
-    metrics.plot(series, session.run.evals, folder / "metrics.png", f"run {session.run.name}")
-    (folder / "jobs.json").write_text(json.dumps(session.run.rendered, indent=1))
-    metrics.summarize(session.run, folder / "summary.json")
+    metrics.write_evals_csv(record.evals, folder / "evals.csv")
+    metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
+    (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
+    metrics.summarize(record, folder / "summary.json")
     steps = max((max(v) for v in series.values() if v), default=0)
-    console.print(f"{len(series)} metrics over {steps} steps, {len(session.run.evals)} evals")
+    console.print(f"{len(series)} metrics over {steps} steps, {len(record.evals)} evals")
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")
 
@@ -43,10 +42,8 @@ def fetch_metrics(c, arg=None, run_name=None):
 def download(c, dest=None, arg=None, run_name=None):
     """Copy the exported model from the VM to this machine (resumable, sizes verified)."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
-    remote = export_folder(session)
-    local = Path(dest) if dest else session.run.folder / "model"
-    console.print(f"downloading {session.workers[0].name}:{remote} to {local}")
-    files = session.workers[0].download(
-        remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)")
-    )
+    remote = session.plan.export_folder()
+    local = Path(dest) if dest else session.record.folder / "model"
+    console.print(f"downloading {session.vm.name}:{remote} to {local}")
+    files = session.vm.download(remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)"))
     console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, sizes verified: {local}")

@@ -2,8 +2,9 @@
 
 import pytest
 
-from bootstrap import hub
 from bootstrap.errors import UserError
+from bootstrap.jobs import check
+from bootstrap.results import hub
 from tests.hubstub import Token, serve
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -19,7 +20,7 @@ def stub(monkeypatch):
 
 
 def test_base_model_comes_from_maxtext():
-    assert hub.base_model("llama3.1-8b-Instruct") == MODEL
+    assert check.base_model("llama3.1-8b-Instruct") == MODEL
 
 
 def test_good_token_reads_the_model_and_writes_the_target(stub):

@@ -10,6 +10,12 @@ from tests import hubstub
 from tests.loopback import REPO, Fab, loopback_host, write_test_jobs
 
 
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/tests/ssh/" in str(item.fspath):
+            item.add_marker(pytest.mark.ssh)
+
+
 @pytest.fixture(scope="session")
 def ssh_host(tmp_path_factory):
     with loopback_host(tmp_path_factory.mktemp("sshd")) as host:

@@ -16,29 +16,32 @@ def test_fresh_run_goes_through_all_jobs_then_a_second_is_a_no_op(fab: Fab):
     first = fab("train", "--arg", "vars.num_batches=4")
     assert first.returncode == 0, first.stderr
     run = current_run(fab)
-    for job in ("convert", "train", "export"):
-        assert f"{job}: starting on 1 worker(s)" in first.stdout
+    for job in ("setup", "prefetch", "convert", "train", "export"):
+        assert f"{job}: starting" in first.stdout
     for job in ("train", "export"):
         assert (fab.job_dir(run, job) / "done").exists()
     # convert does not depend on the run: it is shared by every run with the same command.
     assert len(list((fab.tmp / "state" / "shared").glob("convert-*/done"))) == 1
     export = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
     assert sorted(p.name for p in export.iterdir()) == [
+        "chat_template.jinja",
         "config.json",
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-        "model.safetensors.index.json",
+        "generation_config.json",
+        "model.safetensors",
         "tokenizer.json",
+        "tokenizer_config.json",
     ]
-    # The export job found the last step itself (4), not a step assumed from the config.
-    assert json.loads((export / "config.json").read_text())["exported_from"].endswith(
-        f"{run}/checkpoints/actor/4/model_params"
-    )
+    config = json.loads((export / "config.json").read_text())
+    # The export job found the last step itself (4; the real layout also has actor/1), not a step assumed.
+    assert config["exported_from"].endswith(f"{run}/checkpoints/actor/4/model_params")
+    # Servable: the base model's own token ids and generation config, not MaxText's table (eos 128001).
+    assert config["eos_token_id"] == [128001, 128008, 128009]
+    assert json.loads((export / "generation_config.json").read_text())["eos_token_id"] == [128001, 128008, 128009]
 
     second = fab("train", "--arg", "vars.num_batches=4")
     assert second.returncode == 0, second.stderr
-    assert "starting on" not in second.stdout
-    for stage in ("setup", "convert", "train", "export"):
+    assert "starting" not in second.stdout
+    for stage in ("setup", "prefetch", "convert", "train", "export"):
         assert f"{stage}: done already" in second.stdout
     assert current_run(fab) == run
 
@@ -47,7 +50,7 @@ def test_failing_job_shows_its_log_and_the_next_run_retries_only_it(fab: Fab):
     failed = fab("train", "--arg", "vars.num_batches=4", "--arg", "train.env.STANDIN_FAIL=1")
     assert failed.returncode == 2
     assert "train failed on 127.0.0.1: exited with 1" in failed.stderr
-    assert "fab logs train" in failed.stderr
+    assert f"fab logs --job train --run-name {current_run(fab)} --arg vars.num_batches=4" in failed.stderr
     assert "--- last 30 lines of" in failed.stdout
     assert "RuntimeError: simulated failure (STANDIN_FAIL)" in failed.stdout
     assert "export: starting" not in failed.stdout
@@ -57,8 +60,8 @@ def test_failing_job_shows_its_log_and_the_next_run_retries_only_it(fab: Fab):
     retried = fab("train", "--arg", "vars.num_batches=4")
     assert retried.returncode == 0, retried.stderr
     assert "convert: done already" in retried.stdout
-    assert "train: last attempt failed, retrying" in retried.stdout
-    assert "export: starting on 1 worker(s)" in retried.stdout
+    assert "train: last attempt failed (exited with 1), retrying" in retried.stdout
+    assert "export: starting" in retried.stdout
     # Same run, so MaxText resumes from the checkpoint the failed attempt left.
     assert "Restoring checkpoint from step 2" in (fab.job_dir(run, "train") / "log").read_text()
 
@@ -76,7 +79,7 @@ def test_a_done_job_whose_outputs_vanished_runs_again(fab: Fab):
 def test_a_single_job_needs_its_dependencies_done(fab: Fab):
     result = fab("export")
     assert result.returncode == 2
-    assert "export needs train, which is pending: run fab train" in result.stderr
+    assert "export needs train, which is pending: run fab train first" in result.stderr
 
 
 def test_new_run_option_starts_a_fresh_run(fab: Fab):
@@ -94,7 +97,7 @@ def test_status_and_logs(fab: Fab):
     assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
     status = fab("status")
     assert status.returncode == 0, status.stderr
-    for job in ("setup", "convert", "train", "export"):
+    for job in ("setup", "prefetch", "convert", "train", "export"):
         assert any(job in line and "done" in line for line in status.stdout.splitlines()), status.stdout
     logs = fab("logs", "--job", "train")
     assert logs.returncode == 0, logs.stderr
@@ -114,7 +117,7 @@ def test_metrics_and_download_after_a_run(fab: Fab):
     assert (folder / "evals.csv").read_text().count("\n") == 4  # header, before, step 10, after
     assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((folder / "summary.json").read_text())
-    assert set(summary["jobs"]) == {"setup", "convert", "train", "export"}
+    assert set(summary["jobs"]) == {"setup", "prefetch", "convert", "train", "export"}
 
     first = fab("download")
     assert first.returncode == 0, first.stderr
@@ -124,4 +127,4 @@ def test_metrics_and_download_after_a_run(fab: Fab):
     (model / "config.json").unlink()  # an interrupted download: only the missing file moves again
     again = fab("download")
     assert again.returncode == 0, again.stderr
-    assert "config.json" in again.stdout and "safetensors" not in again.stdout
+    assert "config.json" in again.stdout and "model.safetensors" not in again.stdout

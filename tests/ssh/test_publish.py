@@ -33,7 +33,8 @@ def test_upload_to_the_hub_verified_with_a_model_card(fab: Fab):
     assert fab.hub.private[repo] is True
     assert "base_model: meta-llama/Llama-3.1-8B-Instruct" in card
     assert "GRPO for 10 batches of `openai/gsm8k`" in card
-    assert "| before training | 37.50 |" in card and "| step 10 |" in card and "| after training |" in card
+    assert "| before training | 33.33 |" in card and "| after training | 55.56 |" in card
+    assert "| step 10 |" not in card  # the eval at the final step is the Post eval, not counted twice
 
     again = fab("train", "--arg", "vars.num_batches=10")
     assert "publish-hub: done already" in again.stdout
@@ -42,19 +43,19 @@ def test_upload_to_the_hub_verified_with_a_model_card(fab: Fab):
 def test_upload_that_fails_half_way_resumes_without_sending_files_again(fab: Fab):
     repo = f"tester/resume-{fab.tmp.name}"
     set_results(fab, hub_repo=repo)
-    fab.hub.fail_commits_of.add("model-00002-of-00002.safetensors")
+    fab.hub.fail_commits_of.add("model.safetensors")
     failed = fab("train", "--arg", "vars.num_batches=2")
     assert failed.returncode == 2
     assert "publish-hub failed" in failed.stderr
     sent_before = list(fab.hub.commits[repo])
-    assert "config.json" in sent_before and "model-00002-of-00002.safetensors" not in sent_before
+    assert "config.json" in sent_before and "model.safetensors" not in sent_before
 
     fab.hub.fail_commits_of.clear()
     resumed = fab("train", "--arg", "vars.num_batches=2")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "export: done already" in resumed.stdout
     new = fab.hub.commits[repo][len(sent_before) :]
-    assert new == ["model-00002-of-00002.safetensors"]  # nothing sent twice
+    assert new == ["model.safetensors"]  # nothing sent twice
     run = (fab.tmp / "state" / "current-run").read_text().strip()
     assert {k: v for k, v in fab.hub.repos[repo].items() if k != "README.md"} == exported(fab, run)
 

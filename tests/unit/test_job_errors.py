@@ -12,8 +12,14 @@ import pytest
 
 from bootstrap import secrets
 from bootstrap.errors import UserError
+from bootstrap.jobs import load
+from bootstrap.jobs.plan import check_local
 from bootstrap.paths import REPO
-from bootstrap.pipeline_run import load_checked
+
+
+def load_checked(directory, overrides):
+    return check_local(load.read(directory), overrides)
+
 
 OVERRIDE_CASES = [
     (
@@ -39,7 +45,7 @@ OVERRIDE_CASES = [
     ("train.scan_layers=maybe", "args.scan_layers: 'maybe' is not a boolean"),
     ("export.model_name=llama3.1-8b", "args.model_name: 'llama3.1-8b' differs from convert's 'llama3.1-8b-Instruct'"),
     ("train", "--arg train: --arg: expected JOB.KEY=VALUE"),
-    ("bogus.x=1", "--arg bogus.x=1: bogus: no such job; use one of convert, train, export or vars"),
+    ("bogus.x=1", "--arg bogus.x=1: bogus: no such job; use one of prefetch, convert, train, export or vars"),
     ("vars.work_dir=${nowhere}", "--arg vars.work_dir=${nowhere}: vars.work_dir: undefined variable ${nowhere}"),
 ]
 
@@ -146,10 +152,13 @@ def test_fab_plan_offline_text_and_json_with_the_token_redacted(tmp_path):
     assert "HF_TOKEN='<redacted>'" in text.stdout and token not in text.stdout
     assert "--lazy_load_tensors=False" in text.stdout
     data = json.loads(fab("plan", "--json", env=env).stdout)
-    assert [job["name"] for job in data["jobs"]] == ["convert", "train", "export"]
-    assert data["jobs"][1]["env"]["HF_TOKEN"] == "<redacted>"
-    assert data["jobs"][1]["argv"][2] == "maxtext.trainers.post_train.rl.train_rl"
-    assert data["jobs"][2]["needs"] == ["train"]
+    jobs = {job["name"]: job for job in data["jobs"]}
+    assert list(jobs) == ["prefetch", "convert", "train", "export"]
+    assert jobs["train"]["env"]["HF_TOKEN"] == "<redacted>"
+    assert jobs["train"]["argv"][2] == "maxtext.trainers.post_train.rl.train_rl"
+    assert jobs["convert"]["needs"] == ["setup", "prefetch"] and jobs["export"]["needs"] == ["setup", "train"]
+    assert jobs["convert"]["shared"] and jobs["prefetch"]["shared"] and not jobs["train"]["shared"]
+    assert jobs["convert"]["job_dir"].startswith("tpu-rl/shared/convert-")
 
 
 def test_fab_plan_names_the_recorded_run(tmp_path):
@@ -162,4 +171,4 @@ def test_fab_plan_names_the_recorded_run(tmp_path):
     data = json.loads(fab("plan", "--json", env=env).stdout)
     assert data["run"]["name"] == "2026-11-30-12-00-00"
     assert data["run"]["has_checkpoints"] is True
-    assert "run_name=2026-11-30-12-00-00" in data["jobs"][1]["argv"]
+    assert "run_name=2026-11-30-12-00-00" in data["jobs"][2]["argv"]

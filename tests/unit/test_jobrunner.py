@@ -14,7 +14,6 @@ import pytest
 from bootstrap.remote import jobrunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standin"))
-from maxtext import _standin  # noqa: E402  (the stand-in's TensorBoard writer)
 
 
 def test_latest_step_ignores_orbax_temporary_dirs(tmp_path):
@@ -44,17 +43,6 @@ def test_missing_outputs(tmp_path):
         str(tmp_path / "empty"),
         str(tmp_path / "*.safetensors"),
     ]
-
-
-def test_event_steps_of_a_file_being_written(tmp_path):
-    path = tmp_path / "events.out.tfevents.1"
-    data = _standin.file_version_record() + b"".join(
-        _standin.event_record(s, {"actor/train/loss": 1.0}) for s in (1, 2, 3)
-    )
-    path.write_bytes(data[:-5])  # the writer is in the middle of the last record
-    assert jobrunner.event_steps(str(path)) == [1, 2]  # the file-version record has no step
-    path.write_bytes(data)
-    assert jobrunner.max_event_step(str(tmp_path)) == 3
 
 
 def request(tmp_path, **changes) -> dict:
@@ -111,25 +99,24 @@ def test_preflight_names_the_process_holding_the_tpu(tmp_path):
         holder.kill()
 
 
-def test_preflight_secret_must_be_private(tmp_path):
+def test_preflight_secret_must_be_stored(tmp_path):
     (tmp_path / "vfio").mkdir()
     for chip in ("0", "1"):
         (tmp_path / "vfio" / chip).write_text("")
     secret = tmp_path / "HF_TOKEN"
     secret.write_text("x")
-    secret.chmod(0o644)
+    assert failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)}))) == {}
+    secret.unlink()
     assert (
-        "readable by others"
+        "is missing"
         in failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)})))["secret HF_TOKEN"]
     )
-    secret.chmod(0o600)
-    assert failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)}))) == {}
 
 
 def test_run_marks_done_only_after_outputs_exist(tmp_path):
     out = tmp_path / "out.txt"
     spec = {
-        "module": "m",
+        "name": "m",
         "argv": [sys.executable, "-c", "print('hi')"],
         "env": {},
         "secrets": [],
@@ -137,12 +124,12 @@ def test_run_marks_done_only_after_outputs_exist(tmp_path):
         "cwd": str(tmp_path),
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert jobrunner.run(str(tmp_path)) == 0  # exits 0 ...
+    assert jobrunner._Job(str(tmp_path)).run() == 0  # exits 0 ...
     assert jobrunner.job_state(str(tmp_path))["state"] == "failed"  # ... but wrote nothing
     assert "outputs are missing" in (tmp_path / "log").read_text()
     spec["argv"] = [sys.executable, "-c", f"open({str(out)!r}, 'w').write('x')"]
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert jobrunner.run(str(tmp_path)) == 0
+    assert jobrunner._Job(str(tmp_path)).run() == 0
     assert jobrunner.job_state(str(tmp_path))["state"] == "done"
     out.unlink()  # /dev/shm wiped by a restart
     assert jobrunner.job_state(str(tmp_path))["state"] == "lost"
@@ -173,10 +160,16 @@ def test_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
     lock_holder(tmp_path).kill()
 
 
-def test_lock_lets_go_when_the_owner_goes_silent(tmp_path):
-    holder = lock_holder(tmp_path, "1")
-    holder.stdin.write("\n")  # a ping keeps it
+def test_lock_answers_pings_and_lets_go_when_the_owner_goes_silent(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.argv[1:] = ['lock', {str(tmp_path)!r}, 'me']; "
+         f"from bootstrap.remote import jobrunner; sys.exit(jobrunner.hold_lock({str(tmp_path)!r}, 'me', 1))"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=jobrunner.__file__.rsplit("/bootstrap/", 1)[0],
+    )  # fmt: skip
+    assert holder.stdout.readline() == "locked\n"
+    holder.stdin.write("\n")  # a ping keeps it, and is answered
     holder.stdin.flush()
+    assert holder.stdout.readline() == "ok\n"
     started = time.monotonic()
     assert holder.wait(timeout=10) == 0  # then a silent owner (stdin still open) loses it
     assert time.monotonic() - started < 5

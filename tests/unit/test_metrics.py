@@ -9,8 +9,8 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 from tensorboard.util import tensor_util
 
-from bootstrap import metrics
-from bootstrap.runs import RunRecord
+from bootstrap.results import metrics
+from bootstrap.results.runs import RunRecord
 
 
 def scalar_event(step: int, tag: str, value: float, as_tensor: bool) -> event_pb2.Event:

@@ -1,52 +1,82 @@
-"""Progress from the real log line formats (workload.md section 6), on a terminal and off it."""
+"""Progress from the real log lines of MaxText 0.2.3's jobs (tests/fixtures/logs, recorded on CPU)."""
 
 import io
+from pathlib import Path
 
 from rich.console import Console
 
-from bootstrap.progress import JobProgress, eval_table, parse
-from bootstrap.vm import _lines
+from bootstrap.vm.output import Cleaner, lines
+from bootstrap.vm.progress import Board, JobProgress, eval_table, final_evals, parse
 
-PRE = "I1130 12:00:00.000000 140 train_rl.py:650] Pre RL Training: corr=31, total=80, accuracy=38.75%, partial_accuracy=41.25%, format_accuracy=62.50%, mean_reward=-0.1250"
-MID = "I1130 12:05:00.000000 140 train_rl.py:700] Intermediate Eval (step=10): corr=40, total=80, accuracy=50.00%, partial_accuracy=52.50%, format_accuracy=80.00%, mean_reward=0.7500"
-POST = "Post RL Training: corr=52, total=80, accuracy=65.00%, partial_accuracy=66.25%, format_accuracy=95.00%, mean_reward=1.5000"
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+PRE = "W1130 21:04:06.730518 140248714398592 train_rl.py:716] Pre RL Training: corr=0, total=2, accuracy=0.0%, partial_accuracy=0.0%, format_accuracy=0.0%, mean_reward=0.0000"
+RAW_FLOAT = "W1130 12:00:00.000000 1 train_rl.py:754] Post RL Training: corr=1, total=3, accuracy=33.33333333333333%, partial_accuracy=66.66666666666666%, format_accuracy=100.0%, mean_reward=-0.1250"
 
 
-def test_eval_lines():
-    pre, mid, post = parse(PRE).eval, parse(MID).eval, parse(POST).eval
-    assert pre == {
-        "phase": "pre",
+def recorded(job: str) -> list[str]:
+    return list(lines([(LOGS / f"{job}.log").read_bytes()]))
+
+
+def test_eval_lines_with_raw_float_accuracy():
+    assert parse(RAW_FLOAT).eval == {
+        "phase": "post",
         "step": None,
-        "corr": 31,
-        "total": 80,
-        "accuracy": 38.75,
-        "partial_accuracy": 41.25,
-        "format_accuracy": 62.5,
+        "corr": 1,
+        "total": 3,
+        "accuracy": 33.33333333333333,
+        "partial_accuracy": 66.66666666666666,
+        "format_accuracy": 100.0,
         "mean_reward": -0.125,
     }
-    assert (mid["phase"], mid["step"], mid["accuracy"]) == ("intermediate", 10, 50.0)
-    assert (post["phase"], post["mean_reward"]) == ("post", 1.5)
 
 
-def test_conversion_and_step_counters():
-    weights = parse("Transforming weights:  45%|████▌     | 131/291 [00:30<00:36,  4.39it/s]")
-    assert (weights.kind, weights.done, weights.total) == ("count", 131, 291)
-    step = parse("[tpu-rl] step 12/50")
-    assert (step.text, step.done, step.total) == ("training steps", 12, 50)
-    assert parse("some unrelated debug line") is None
+def test_the_recorded_train_log_gives_steps_and_every_eval():
+    updates = [u for u in (parse(line, total_steps=4) for line in recorded("train")) if u]
+    steps = [(u.done, u.total) for u in updates if u.kind == "count"]
+    assert steps == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    evals = [(u.eval["phase"], u.eval["step"]) for u in updates if u.kind == "eval"]
+    assert evals == [("pre", None), ("intermediate", 2), ("intermediate", 4), ("post", None)]
+    notes = [u.text for u in updates if u.kind == "note"]
+    assert "Starting RL training..." in notes and "RL Training Completed Successfully!" in notes
 
 
-def test_partial_and_interleaved_lines_are_joined_before_parsing():
-    # A log read in chunks that split lines anywhere, with the runner's own lines interleaved.
-    stream = (PRE + "\n[tpu-rl] step 1/50\n" + MID + "\nTransforming weights: 3/12\n").encode()
+def test_the_final_step_is_not_counted_twice():
+    evals = [u.eval for u in (parse(line) for line in recorded("train")) if u and u.kind == "eval"]
+    assert [(e["phase"], e["step"]) for e in final_evals(evals, 4)] == [
+        ("pre", None),
+        ("intermediate", 2),
+        ("post", None),
+    ]
+
+
+def test_the_recorded_convert_log_splits_tqdm_frames_on_carriage_returns():
+    updates = [u for u in (parse(line) for line in recorded("convert")) if u]
+    weights = [(u.done, u.total) for u in updates if u.text == "transforming weights"]
+    assert weights[0] == (0, 12) and weights[-1] == (12, 12)
+    notes = [u.text for u in updates if u.kind == "note"]
+    assert any(n.startswith("Conversion complete. Checkpoint saved to") for n in notes)
+    assert "Peak Memory: 0.51 GB" in notes  # the INFO:absl: prefix is dropped
+
+
+def test_the_recorded_export_log_says_where_the_model_is():
+    notes = [u.text for u in (parse(line) for line in recorded("export")) if u and u.kind == "note"]
+    assert any("MaxText model successfully saved in HuggingFace format at" in n for n in notes)
+
+
+def test_chunks_split_anywhere_and_carriage_returns_end_lines():
+    stream = (PRE + "\r\nTransforming weights: 1/12\rTransforming weights: 3/12\n").encode()
     chunks = [stream[i : i + 7] for i in range(0, len(stream), 7)]
-    lines = list(_lines(iter(chunks)))
-    assert lines == [PRE, "[tpu-rl] step 1/50", MID, "Transforming weights: 3/12"]
-    assert [parse(line).kind for line in lines] == ["eval", "count", "eval", "count"]
+    assert [line for line in lines(chunks) if line] == [
+        PRE,
+        "Transforming weights: 1/12",
+        "Transforming weights: 3/12",
+    ]
+    assert list(lines([b"Post RL", b" Training: x"])) == ["Post RL Training: x"]
 
 
-def test_a_line_without_newline_at_the_end_still_arrives():
-    assert list(_lines(iter([b"Post RL", b" Training: x"]))) == ["Post RL Training: x"]
+def test_shown_lines_have_the_token_redacted_and_control_sequences_removed():
+    clean = Cleaner(["hf_secret123"])
+    assert clean("token=hf_secret123 \x1b[31mred\x1b[0m\x1b]0;title\x07 bell\x07") == "token=<redacted> red bell"
 
 
 class Clock:
@@ -57,31 +87,37 @@ class Clock:
         return self.now
 
 
-def watching(job: str, terminal: bool) -> tuple[JobProgress, io.StringIO, Clock]:
+def watching(job: str, terminal: bool, total: int | None = None):
     out, clock = io.StringIO(), Clock()
-    return JobProgress(Console(file=out, force_terminal=terminal, width=200), job, clock=clock), out, clock
+    console = Console(file=out, force_terminal=terminal, width=200)
+    board = Board(console)
+    progress = JobProgress(console, job, total, board.bars, clock=clock)
+    return board, progress, out, clock
 
 
-def test_non_terminal_prints_heartbeats_with_eta():
-    progress, out, clock = watching("train", terminal=False)
-    with progress:
-        progress.feed("[tpu-rl] step 1/50")
+def step(n: int) -> str:
+    return f"I1130 21:04:16.454662 1 peft_trainer.py:488] Train step {n} training loss: 0.500000  - training perplexity: 1.000000"
+
+
+def test_non_terminal_prints_steps_with_eta_and_heartbeats():
+    board, progress, out, clock = watching("train", terminal=False, total=50)
+    with board:
+        progress.feed(step(1))
         clock.now = 31.0
-        progress.feed("[tpu-rl] step 11/50")  # 10 steps in 31 s, 39 to go: 121 s
+        progress.feed(step(11))  # 10 steps in 31 s, 39 to go: 121 s
         clock.now = 40.0
         progress.tick()  # no new line yet: too soon for another heartbeat
-        progress.feed(POST)
+        progress.feed(RAW_FLOAT)
     text = out.getvalue()
-    assert "[train] training steps 1/50" in text
-    assert "[train] training steps 11/50, 0m31s elapsed, ETA 2m00s" in text
-    assert text.count("elapsed") == 1
-    assert "Post RL Training: corr=52" in text
-    assert progress.evals[0]["accuracy"] == 65.0
+    assert "[train] training steps 1/50, 0m00s elapsed, loss 0.500000" in text
+    assert "[train] training steps 11/50, 0m31s elapsed, ETA 2m00s, loss 0.500000" in text
+    assert "Post RL Training: corr=1" in text
+    assert progress.evals[0]["accuracy"] == 33.33333333333333
 
 
 def test_silent_job_still_shows_it_is_alive():
-    progress, out, clock = watching("setup", terminal=False)
-    with progress:
+    board, progress, out, clock = watching("setup", terminal=False)
+    with board:
         progress.feed("==> install_tpu_post_train_extra_deps")
         for second in (30, 60, 90):
             clock.now = second
@@ -90,30 +126,24 @@ def test_silent_job_still_shows_it_is_alive():
     assert "1m30s elapsed" in out.getvalue()
 
 
-def test_terminal_shows_a_bar_not_heartbeats():
-    progress, out, clock = watching("convert", terminal=True)
-    with progress:
-        progress.feed("Transforming weights: 6/12")
+def test_terminal_shows_one_bar_per_job_on_one_display():
+    board, convert, out, clock = watching("convert", terminal=True)
+    setup = board.job("setup")
+    with board:
+        convert.feed("Transforming weights: 6/12")
+        setup.feed("==> packages")
         clock.now = 100
-        progress.feed("Transforming weights: 12/12")
-        assert progress.bar is not None
-        task = progress.bar.tasks[0]
-        assert (task.completed, task.total, task.description) == (12, 12, "transforming weights")
+        convert.feed("Transforming weights: 12/12")
+        tasks = {t.fields["job"]: t for t in board.bars.tasks}
+        assert (tasks["convert"].completed, tasks["convert"].total) == (12, 12)
+        assert tasks["setup"].description == "packages"
     assert "elapsed" not in out.getvalue()
 
 
 def test_eval_table():
-    evals = [parse(line).eval for line in (PRE, MID, POST)]
+    evals = [u.eval for u in (parse(line) for line in recorded("train")) if u and u.kind == "eval"]
     out = io.StringIO()
-    Console(file=out, width=150).print(eval_table(evals))
+    Console(file=out, width=150).print(eval_table(final_evals(evals, 4)))
     text = out.getvalue()
-    assert "before training" in text and "step 10" in text and "after training" in text
-    assert "65.00" in text and "52/80" in text
-
-
-def test_shown_lines_drop_the_absl_prefix():
-    assert parse(PRE).text.startswith("Pre RL Training: corr=31")
-    assert (
-        parse("W1130 12:00:00.000000 140 train_rl.py:9] RL Training Completed Successfully!").text
-        == "RL Training Completed Successfully!"
-    )
+    assert "before training" in text and "step 2" in text and "after training" in text
+    assert "step 4" not in text and "0/2" in text

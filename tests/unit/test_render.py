@@ -5,9 +5,15 @@ import shlex
 
 import pytest
 
-from bootstrap.jobcheck import check_pipeline
-from bootstrap.jobs import load_pipeline, render
+from bootstrap.jobs import load
+from bootstrap.jobs.check import check_pipeline
+from bootstrap.jobs.load import render
 from bootstrap.paths import REPO
+
+
+def load_pipeline(directory, overrides=(), provided=None):
+    return load.resolve(load.read(directory), overrides, provided)
+
 
 RUN = "2026-11-30-12-00-00"
 # The guide's shared settings (section 3), and its commands with the four corrections applied:
@@ -65,7 +71,7 @@ def jobs():
 
 
 def test_run_order(jobs):
-    assert list(jobs) == ["convert", "train", "export"]
+    assert list(jobs) == ["prefetch", "convert", "train", "export"]
 
 
 @pytest.mark.parametrize("name", ["convert", "train"])
@@ -87,7 +93,7 @@ def test_export_argv_matches_reference_but_finds_the_last_step_itself(jobs):
 
 
 def test_train_environment(jobs):
-    assert jobs["train"].env == TRAIN_ENV
+    assert jobs["train"].env == {"HF_HOME": "~/.cache/huggingface", **TRAIN_ENV}
 
 
 def test_token_only_as_a_declared_secret(jobs):
@@ -99,7 +105,17 @@ def test_token_only_as_a_declared_secret(jobs):
 def test_outputs_decide_done(jobs):
     assert jobs["convert"].outputs == ["/dev/shm/llama3.1-8b-Instruct/mt-format/0/items"]
     assert jobs["train"].outputs == [f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor/*/model_params"]
-    assert jobs["export"].needs == ["train"]
+    assert jobs["export"].outputs[1].endswith(f"hf-trained/{RUN}/generation_config.json")
+    assert jobs["export"].needs == ["setup", "train"] and jobs["convert"].needs == ["setup", "prefetch"]
+
+
+def test_prefetch_fills_the_cache_convert_reads():
+    prefetch = render(load_pipeline(REPO / "jobs", [], {"run_name": RUN}))[0]
+    assert prefetch.argv == [
+        "uv", "tool", "run", "--from", "huggingface_hub==2.4.0", "hf", "download", "meta-llama/Llama-3.1-8B-Instruct"
+    ]  # fmt: skip
+    assert prefetch.module is None and prefetch.needs == []
+    assert prefetch.env["HF_HOME"] == "~/.cache/huggingface"
 
 
 def test_shipped_jobs_pass_the_local_check():

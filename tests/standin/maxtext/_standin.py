@@ -35,11 +35,25 @@ def require_token() -> None:
         sys.exit(3)
 
 
-def log(message: str) -> None:
-    """absl's format: the real jobs log on stderr through absl."""
+def log(message: str, level: str = "I", where: str = "standin.py:1") -> None:
+    """absl's format on stderr, as train_rl and to_huggingface log (tests/fixtures/logs)."""
     now = time.time()
     stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
-    print(f"I{stamp}.{int(now % 1 * 1e6):06d} {os.getpid()} standin.py:1] {message}", file=sys.stderr, flush=True)
+    print(f"{level}{stamp}.{int(now % 1 * 1e6):06d} {os.getpid()} {where}] {message}", file=sys.stderr, flush=True)
+
+
+def python_log(message: str) -> None:
+    """to_maxtext does not go through absl.app.run: Python logging's default format."""
+    print(f"INFO:absl:{message}", file=sys.stderr, flush=True)
+
+
+def bar(label: str, total: int) -> None:
+    """A tqdm bar as it lands in a log: frames joined by \r, one \n at the end."""
+    frames = [
+        f"{label}{done * 100 // total:3d}%| | {done}/{total} [00:00<00:00, 9.99it/s]" for done in range(total + 1)
+    ]
+    sys.stderr.write("\r".join(frames) + "\n")
+    sys.stderr.flush()
 
 
 def flood() -> None:

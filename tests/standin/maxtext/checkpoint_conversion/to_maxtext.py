@@ -5,7 +5,7 @@ import time
 
 from maxtext import _standin
 
-LAYERS = 12
+PARAMS = 12  # scanned Llama parameters, as the real bar counts them
 
 
 def main() -> None:
@@ -13,18 +13,23 @@ def main() -> None:
     _standin.require_token()
     started = time.time()
     _standin.flood()
-    for done in range(1, LAYERS + 1):
-        _standin.pause()
-        percent = done * 100 // LAYERS
-        _standin.log(f"Transforming weights: {percent:3d}%| | {done}/{LAYERS} [00:0{done % 10}<00:00, 1.00it/s]")
+    _standin.python_log("Lazy loading DISABLED. Loading full HuggingFace model: meta-llama/Llama-3.1-8B-Instruct...")
+    _standin.pause()
+    _standin.bar("Transforming weights: ", PARAMS)
     _standin.maybe_fail("to_maxtext")
-    items = os.path.join(args["base_output_directory"], "0", "items")
+    out = args["base_output_directory"]
+    items = os.path.join(out, "0", "items")
     os.makedirs(items, exist_ok=True)
-    with open(os.path.join(items, "manifest.ocdbt"), "w") as f:
-        f.write("standin checkpoint\n")
-    _standin.log(f"Conversion complete. Checkpoint saved to {args['base_output_directory']}")
-    _standin.log(f"Overall Elapse: {(time.time() - started) / 60:.2f} min")
-    _standin.log("Peak Memory: 0.10 GB")
+    for name in ("manifest.ocdbt", "_METADATA", "_sharding", "commit_success.txt"):
+        with open(os.path.join(items, name), "w") as f:
+            f.write("standin checkpoint\n")
+    for name in ("_CHECKPOINT_METADATA", "commit_success.txt"):
+        with open(os.path.join(out, "0", name), "w") as f:
+            f.write("{}\n")
+    _standin.python_log("saved a checkpoint at step 0")
+    _standin.python_log(f"Conversion complete. Checkpoint saved to {out}")
+    _standin.python_log(f"Overall Elapse: {(time.time() - started) / 60:.2f} min")
+    _standin.python_log("Peak Memory: 0.10 GB")
 
 
 if __name__ == "__main__":

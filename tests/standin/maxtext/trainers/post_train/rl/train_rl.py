@@ -1,21 +1,26 @@
-"""Stand-in for maxtext.trainers.post_train.rl.train_rl: eval lines, events, checkpoints.
+"""Stand-in for maxtext.trainers.post_train.rl.train_rl: its log lines, events and checkpoint layout.
 
-Resumes like MaxText: a run name with checkpoints continues after its last step.
+As the real trainer (tests/fixtures/logs/train.log): a `Train step N training loss:` line per
+step; checkpoints at step 1, every checkpoint_period and the last, each with model_params/
+and optimizer_state/; one event file directly in tensorboard/, reward tags one step behind
+the actor tags; an intermediate eval every eval_interval steps, the last step included;
+accuracy printed as a raw float. Resumes like MaxText: a run with checkpoints continues
+after its last step.
 """
 
 import os
 
 from maxtext import _standin
 
-CHECKPOINT_EVERY = 2
-EVAL_EVERY = 10
+CHECKPOINT_PERIOD = 2
 
 
 def eval_line(phase: str, step: int) -> str:
-    corr = 30 + step
+    corr, total = min(9, 3 + step // 4), 9
     return (
-        f"{phase}: corr={corr}, total=80, accuracy={corr / 80 * 100:.2f}%, partial_accuracy={corr / 80 * 100 + 2:.2f}%, "
-        f"format_accuracy={min(100, 60 + step):.2f}%, mean_reward={step / 10:.4f}"
+        f"{phase}: corr={corr}, total={total}, accuracy={corr / total * 100}%, "
+        f"partial_accuracy={min(100.0, corr / total * 100 + 2)}%, "
+        f"format_accuracy={min(100.0, 60.0 + step)}%, mean_reward={step / 10:.4f}"
     )
 
 
@@ -23,9 +28,10 @@ def main() -> None:
     args = _standin.args()
     _standin.require_token()
     if not os.path.isdir(args["load_parameters_path"]):
-        _standin.log(f"checkpoint not found: {args['load_parameters_path']}")
+        _standin.log(f"checkpoint not found: {args['load_parameters_path']}", "E", "train_rl.py:1")
         raise SystemExit(2)
     total = int(args.get("num_batches", "4"))
+    eval_interval = int(args.get("eval_interval", "10"))
     run_dir = os.path.join(args["base_output_directory"], args["run_name"])
     actor = os.path.join(run_dir, "checkpoints", "actor")
     os.makedirs(actor, exist_ok=True)
@@ -33,8 +39,8 @@ def main() -> None:
     start = max(steps) + 1 if steps else 1
     if start > 1:
         _standin.log(f"Restoring checkpoint from step {start - 1}")
-    _standin.log(eval_line("Pre RL Training", 0))
-    _standin.log("Starting RL training...")
+    _standin.log(eval_line("Pre RL Training", 0), "W", "train_rl.py:716")
+    _standin.log("Starting RL training...", "W", "train_rl.py:730")
     tensorboard = os.path.join(run_dir, "tensorboard")
     os.makedirs(tensorboard, exist_ok=True)
     path = os.path.join(tensorboard, f"events.out.tfevents.{start}.standin")
@@ -44,21 +50,22 @@ def main() -> None:
             _standin.pause()
             if step == total // 2 + 1:
                 _standin.maybe_fail("train_rl")
-            scalars = {
-                "rewards/train/score/mean": step / total,
-                "actor/train/loss": 1.0 / step,
-                "actor/train/kl": 0.01 * step,
-            }
-            events.write(_standin.event_record(step, scalars))
+            events.write(_standin.event_record(step, {"actor/train/loss": 1.0 / step, "actor/train/kl": 0.01 * step}))
+            events.write(_standin.event_record(step - 1, {"rewards/train/score/mean": step / total}))
             events.flush()
-            if step % CHECKPOINT_EVERY == 0 or step == total:
-                os.makedirs(os.path.join(actor, str(step), "model_params"), exist_ok=True)
-                with open(os.path.join(actor, str(step), "model_params", "params.ocdbt"), "w") as f:
-                    f.write(f"step {step}\n")
-            if step % EVAL_EVERY == 0:
-                _standin.log(eval_line(f"Intermediate Eval (step={step})", step))
-    _standin.log("RL Training Completed Successfully!")
-    _standin.log(eval_line("Post RL Training", total))
+            _standin.log(
+                f"Train step {step} training loss: {1.0 / step:.6f}  - training perplexity: 1.000000",
+                where="peft_trainer.py:488",
+            )
+            if step == 1 or step % CHECKPOINT_PERIOD == 0 or step == total:
+                for item in ("model_params", "optimizer_state"):
+                    os.makedirs(os.path.join(actor, str(step), item), exist_ok=True)
+                    with open(os.path.join(actor, str(step), item, "manifest.ocdbt"), "w") as f:
+                        f.write(f"step {step}\n")
+            if eval_interval and step % eval_interval == 0:
+                _standin.log(eval_line(f"Intermediate Eval (step={step})", step), "W", "hooks.py:98")
+    _standin.log("RL Training Completed Successfully!", "W", "train_rl.py:741")
+    _standin.log(eval_line("Post RL Training", total), "W", "train_rl.py:754")
 
 
 if __name__ == "__main__":

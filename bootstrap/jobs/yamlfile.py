@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import Problem, UserError
+from ..errors import Problem, UserError
 
 Lines = dict[tuple[str, ...], int]
 

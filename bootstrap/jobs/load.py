@@ -1,20 +1,24 @@
 """Turn jobs/*.yaml (plus --arg overrides) into the exact commands that run on the VM.
 
-Loading checks the YAML structure, applies overrides, resolves ${variables} and
-orders the jobs by their `needs`. Every problem names the file (and line) or the
---arg that caused it, and all of them are reported at once.
+The files are read once (`read`); everything after works on that text in memory, so
+a file edited during a run changes nothing. Resolving checks the YAML structure,
+applies overrides, resolves ${variables} and orders the jobs by their `needs`. Every
+problem names the file (and line) or the --arg that caused it, and all of them are
+reported at once.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from ..errors import Problem, UserError
+from ..remote.jobrunner import Layout
 from . import yamlfile
-from .errors import Problem, UserError
 from .spec import JobSpec, PipelineSpec
 
 PIPELINE_FILE = "pipeline.yaml"
@@ -76,14 +80,15 @@ class RenderedJob:
 
     name: str
     description: str
-    module: str
+    module: str | None  # None for a plain command
     argv: list[str]
     env: dict[str, str]
     secrets: list[str]
     cwd: str
-    needs: list[str]
+    needs: list[str]  # a MaxText module also needs the environment: "setup"
     inputs: list[str]
     outputs: list[str]
+    after: list[list[str]] = field(default_factory=list)
     progress: dict | None = None
 
     def to_dict(self) -> dict:
@@ -193,21 +198,39 @@ def _order(jobs: dict[str, Job], listed: list[str], problems: list[Problem]) -> 
     return ordered
 
 
-def load_pipeline(directory: Path, overrides: list[str] = (), provided: dict[str, str] | None = None) -> Pipeline:
-    """Load and check jobs/; raise UserError listing every problem found."""
+@dataclass(frozen=True)
+class JobFiles:
+    """jobs/ as read from disk, once: the pipeline document and each job's document."""
+
+    directory: Path
+    pipeline: Loaded
+    jobs: dict[str, Loaded]
+    problems: tuple[Problem, ...] = ()
+
+
+def read(directory: Path) -> JobFiles:
+    """Parse pipeline.yaml and every job file it lists; problems are kept for `resolve` to report."""
     problems: list[Problem] = []
     pipeline_doc = Loaded(directory / PIPELINE_FILE, *yamlfile.load(directory / PIPELINE_FILE))
     names = pipeline_doc.data.get("jobs") if isinstance(pipeline_doc.data.get("jobs"), list) else []
     job_docs: dict[str, Loaded] = {}
     for name in names:
         path = directory / f"{name}.yaml"
-        if not path.exists():
+        if not isinstance(name, str) or not path.is_file():
             problems.append(pipeline_doc.origin("jobs").problem("jobs", f"job {name!r} has no file {path}"))
             continue
         try:
             job_docs[name] = Loaded(path, *yamlfile.load(path))
         except UserError as err:
             problems.extend(err.problems)
+    return JobFiles(directory, pipeline_doc, job_docs, tuple(problems))
+
+
+def resolve(files: JobFiles, overrides: list[str] = (), provided: dict[str, str] | None = None) -> Pipeline:
+    """The checked pipeline for these overrides and provided values; raise UserError listing every problem."""
+    problems = list(files.problems)
+    pipeline_doc = copy.deepcopy(files.pipeline)
+    job_docs = copy.deepcopy(files.jobs)
     _apply_overrides(list(overrides), pipeline_doc, job_docs, problems)
     spec = _validate(PipelineSpec, pipeline_doc, problems)
     jobs = {}
@@ -217,22 +240,22 @@ def load_pipeline(directory: Path, overrides: list[str] = (), provided: dict[str
             jobs[name] = Job(name, job_spec, doc)
     if spec is None:
         raise UserError(problems)
-    values = _resolve_vars(pipeline_doc, {**_placeholders(spec), **(provided or {})}, problems)
+    values = _resolve_vars(pipeline_doc, {**provided_values(spec), **(provided or {})}, problems)
     for job in jobs.values():
         _resolve_job(job, values, problems)
     ordered = _order(jobs, spec.jobs, problems)
     if problems:
         raise UserError(problems)
-    return Pipeline(directory, spec, pipeline_doc, ordered)
+    return Pipeline(files.directory, spec, pipeline_doc, ordered)
 
 
-def _placeholders(spec: PipelineSpec) -> dict[str, str]:
-    """Values fab provides; shown as <...> until a run, a worker and a VM are known."""
+def provided_values(spec: PipelineSpec) -> dict[str, str]:
+    """Values fab provides to the job files; run_name is <run_name> until a run is chosen."""
     return {
         "run_name": "<run_name>",
         "venv": spec.environment.venv,
-        "worker_id": "0",
-        "worker_hostnames": "localhost",
+        "python": spec.environment.python_path,
+        "tools": Layout(spec.vm.state_dir).bin,
     }
 
 
@@ -244,6 +267,9 @@ def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> N
     spec.args = {k: sub(v, "args", k) for k, v in spec.args.items()}
     spec.flags = {k: sub(v, "flags", k) for k, v in spec.flags.items()}
     spec.env = {k: sub(v, "env", k) for k, v in spec.env.items()}
+    if spec.command is not None:
+        spec.command = [sub(v, "command", str(i)) for i, v in enumerate(spec.command)]
+    spec.after = [[sub(v, "after", str(n), str(i)) for i, v in enumerate(a)] for n, a in enumerate(spec.after)]
     spec.inputs = [sub(v, "inputs", str(i)) for i, v in enumerate(spec.inputs)]
     spec.outputs = [sub(v, "outputs", str(i)) for i, v in enumerate(spec.outputs)]
     if spec.progress:
@@ -257,15 +283,21 @@ def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> N
             )
 
 
+SETUP = "setup"  # the environment build every MaxText module needs
+
+
 def render(pipeline: Pipeline) -> list[RenderedJob]:
     """The exact argv and environment of every job, in run order."""
-    python = f"{pipeline.spec.environment.venv_path}/bin/python3"
+    python = pipeline.spec.environment.python_path
     rendered = []
     for job in pipeline.jobs.values():
         spec = job.spec
-        argv = [python, "-m", spec.module]
-        argv += [f"{k}={v}" for k, v in spec.args.items()]
-        argv += [f"--{k}={v}" for k, v in spec.flags.items()]
+        if spec.module:
+            argv = [python, "-m", spec.module]
+            argv += [f"{k}={v}" for k, v in spec.args.items()]
+            argv += [f"--{k}={v}" for k, v in spec.flags.items()]
+        else:
+            argv = list(spec.command)
         rendered.append(
             RenderedJob(
                 name=job.name,
@@ -275,9 +307,10 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 env=dict(spec.env),
                 secrets=list(spec.secrets),
                 cwd="~",
-                needs=list(spec.needs),
+                needs=([SETUP] if spec.module else []) + list(spec.needs),
                 inputs=list(spec.inputs),
                 outputs=list(spec.outputs),
+                after=[list(a) for a in spec.after],
                 progress={
                     "tensorboard_dir": spec.progress.tensorboard_dir,
                     "total_steps": int(spec.progress.total_steps),

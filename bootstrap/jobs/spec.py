@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
@@ -10,17 +10,19 @@ class Strict(BaseModel):
 
 
 class ProgressSpec(Strict):
-    """Where the VM-side runner reads training steps (the trainer's bar needs a terminal)."""
+    """How far training is: steps come from the trainer's `Train step N` lines; metrics from TensorBoard."""
 
     tensorboard_dir: str
     total_steps: str  # may be a ${variable}; an integer once resolved
 
 
 class JobSpec(Strict):
-    """One MaxText job: a module, its arguments, and what it reads and produces."""
+    """One job: a MaxText `module` with its arguments, or a plain `command`; what it reads and produces."""
 
     description: str = ""
-    module: str
+    module: str | None = None
+    command: list[str] | None = None  # an argv, for jobs that are not MaxText modules (prefetch)
+    after: list[list[str]] = []  # argvs run after the job succeeded, in its environment
     needs: list[str] = []
     secrets: list[str] = []
     env: dict[str, str] = {}
@@ -29,6 +31,16 @@ class JobSpec(Strict):
     inputs: list[str] = []
     outputs: list[str] = Field(min_length=1)  # globs; all must match for the job to count as done
     progress: ProgressSpec | None = None
+
+    @model_validator(mode="after")
+    def _module_or_command(self) -> JobSpec:
+        if (self.module is None) == (self.command is None):
+            raise ValueError("give exactly one of module (a MaxText entry point) or command (an argv)")
+        if self.command is not None and not self.command:
+            raise ValueError("command is empty")
+        if self.command is not None and (self.args or self.flags):
+            raise ValueError("args and flags are for MaxText modules; put a command's arguments in command")
+        return self
 
 
 class EnvironmentSpec(Strict):
@@ -45,6 +57,10 @@ class EnvironmentSpec(Strict):
     def venv_path(self) -> str:
         """The venv as the VM sees it: relative names live in the SSH user's home."""
         return self.venv if self.venv.startswith(("/", "~")) else f"~/{self.venv}"
+
+    @property
+    def python_path(self) -> str:
+        return f"{self.venv_path}/bin/python3"
 
 
 class VmSpec(Strict):

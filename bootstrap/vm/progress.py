@@ -1,9 +1,10 @@
 """Read a job's log as it streams and show how far it is, without the raw noise.
 
-Parses the real log lines of the workload (reference section 6) and the job
-runner's own `[tpu-rl] step k/N` lines (it reads the trainer's TensorBoard
-events, since the trainer's bar only shows on a terminal). On a terminal this is
-a rich progress bar with an ETA; elsewhere, plain heartbeat lines.
+Parses the real log lines of MaxText 0.2.3's jobs (recorded in tests/fixtures/logs):
+the converter's `Transforming weights: k/N` bar, the trainer's `Train step N training
+loss:` line (printed for every step, terminal or not), the eval lines, and the setup
+script's `==>` steps. On a terminal each running job has a rich progress bar with an
+ETA on one shared display; elsewhere, plain lines and a heartbeat.
 """
 
 from __future__ import annotations
@@ -23,14 +24,14 @@ EVAL = re.compile(
     r"mean_reward=(?P<mean_reward>-?[\d.]+)"
 )
 WEIGHTS = re.compile(r"Transforming weights:.*?(\d+)/(\d+)")
-STEP = re.compile(r"\[tpu-rl\] step (\d+)/(\d+)")
+STEP = re.compile(r"Train step (\d+) training loss: (\S+)")
 SETUP_STEP = re.compile(r"^==> (.*)")
 NOTABLE = re.compile(
-    r"Starting RL training|RL Training Completed Successfully|Overall Elapse|Peak Memory|MAXTEXT CONFIG ERROR|"
-    r"Traceback|Error|\[tpu-rl\] (?!step)"
+    r"Starting RL training|RL Training Completed Successfully|Conversion complete|successfully saved in HuggingFace|"
+    r"Overall Elapse|Peak Memory|MAXTEXT CONFIG ERROR|Traceback|Error|\[tpu-rl\] "
 )
 HEARTBEAT_SECONDS = 30
-ABSL_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
+ABSL_PREFIX = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] |(?:INFO|WARNING|ERROR):absl:)")
 
 
 @dataclass
@@ -39,12 +40,13 @@ class Update:
 
     kind: str  # "count", "eval", "phase", "note"
     text: str = ""
+    note: str = ""
     done: int = 0
     total: int = 0
     eval: dict | None = None
 
 
-def parse(line: str) -> Update | None:
+def parse(line: str, total_steps: int | None = None) -> Update | None:
     if m := EVAL.search(line):
         values = {k: float(v) for k, v in m.groupdict().items() if k not in ("phase", "step") and v is not None}
         phase = "pre" if m["phase"].startswith("Pre") else "post" if m["phase"].startswith("Post") else "intermediate"
@@ -54,9 +56,9 @@ def parse(line: str) -> Update | None:
             eval={"phase": phase, "step": int(m["step"]) if m["step"] else None, **values},
         )
     if m := WEIGHTS.search(line):
-        return Update("count", "transforming weights", int(m[1]), int(m[2]))
+        return Update("count", "transforming weights", done=int(m[1]), total=int(m[2]))
     if m := STEP.search(line):
-        return Update("count", "training steps", int(m[1]), int(m[2]))
+        return Update("count", "training steps", done=int(m[1]), total=total_steps or int(m[1]), note=f"loss {m[2]}")
     if m := SETUP_STEP.match(line):
         return Update("phase", m[1])
     if NOTABLE.search(line):
@@ -84,21 +86,22 @@ def eval_table(evals: list[dict]) -> Table:
     return table
 
 
-class JobProgress:
-    """Feed it log lines; it keeps the display current and collects eval results."""
+def final_evals(evals: list[dict], total_steps: int | None) -> list[dict]:
+    """The evals to report: the trainer also evaluates at its last step just before the Post eval,
+    so an intermediate eval at the final step counts the Post one twice and is left out."""
+    has_post = any(e["phase"] == "post" for e in evals)
+    return [e for e in evals if not (has_post and e["phase"] == "intermediate" and e["step"] == total_steps)]
 
-    def __init__(self, console: Console, job: str, clock=time.monotonic):
-        self.console, self.job, self.clock = console, job, clock
-        self.started = self.last_beat = clock()
-        self.phase = "starting"
-        self.count: tuple[int, int] | None = None
-        self.count_started: tuple[float, int] | None = None
-        self.evals: list[dict] = []
-        self.bar: Progress | None = None
-        self.task = None
+
+class Board:
+    """The display of every job being followed: one rich live view on a terminal, plain lines elsewhere."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.bars: Progress | None = None
         if console.is_terminal:
-            self.bar = Progress(
-                TextColumn(f"[bold]{job}[/] {{task.description}}"),
+            self.bars = Progress(
+                TextColumn("[bold]{task.fields[job]}[/] {task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
@@ -106,42 +109,76 @@ class JobProgress:
                 console=console,
                 transient=True,
             )
-            self.task = self.bar.add_task(self.phase, total=None)
 
-    def __enter__(self) -> JobProgress:
-        if self.bar:
-            self.bar.start()
+    def __enter__(self) -> Board:
+        if self.bars:
+            self.bars.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.bar:
-            self.bar.stop()
+        if self.bars:
+            self.bars.stop()
+
+    def job(self, name: str, total_steps: int | None = None) -> JobProgress:
+        return JobProgress(self.console, name, total_steps, self.bars)
+
+
+class JobProgress:
+    """Feed it log lines; it keeps the display current and collects eval results."""
+
+    PLAIN_EVERY_SECONDS = 10
+
+    def __init__(self, console: Console, job: str, total_steps: int | None = None, bars=None, clock=time.monotonic):
+        self.console, self.job, self.total_steps, self.clock = console, job, total_steps, clock
+        self.started = self.last_beat = self.last_count_line = clock()
+        self.phase = "starting"
+        self.count: tuple[int, int] | None = None
+        self.count_started: tuple[float, int] | None = None
+        self.collected: list[dict] = []
+        self.bars = bars
+        self.task = bars.add_task(self.phase, total=None, job=job) if bars else None
+
+    @property
+    def evals(self) -> list[dict]:
+        return final_evals(self.collected, self.total_steps)
 
     def feed(self, line: str) -> None:
-        update = parse(line)
+        update = parse(line, self.total_steps)
         if update is not None:
             self._apply(update)
         self._heartbeat()
 
     def _apply(self, update: Update) -> None:
         if update.kind == "count":
-            if self.phase != update.text or self.count_started is None:
+            new_phase = self.phase != update.text or self.count_started is None
+            if new_phase:
                 self.phase, self.count_started = update.text, (self.clock(), update.done)
-                if self.bar is None:
-                    self.console.print(
-                        f"[{self.job}] {update.text} {update.done}/{update.total}", markup=False, highlight=False
-                    )
             self.count = (update.done, update.total)
-            if self.bar:
-                self.bar.update(self.task, description=update.text, completed=update.done, total=update.total)
+            if self.bars:
+                self.bars.update(self.task, description=update.text, completed=update.done, total=update.total)
+            elif (
+                new_phase
+                or update.done == update.total
+                or self.clock() - self.last_count_line >= self.PLAIN_EVERY_SECONDS
+            ):
+                self.last_count_line = self.last_beat = self.clock()
+                self.console.print(
+                    self.status_line() + (f", {update.note}" if update.note else ""), markup=False, highlight=False
+                )
             return
         if update.kind == "eval":
-            self.evals.append(update.eval)
+            self.collected = [
+                e for e in self.collected if (e["phase"], e["step"]) != (update.eval["phase"], update.eval["step"])
+            ]
+            self.collected.append(update.eval)
         if update.kind == "phase":
             self.phase, self.count, self.count_started = update.text, None, None
-            if self.bar:
-                self.bar.reset(self.task, description=update.text, total=None)
-        self.console.print(f"[{self.job}] {update.text}", markup=False, highlight=False)
+            if self.bars:
+                self.bars.reset(self.task, description=update.text, total=None)
+        self._print(f"[{self.job}] {update.text}")
+
+    def _print(self, text: str) -> None:
+        (self.bars.console if self.bars else self.console).print(text, markup=False, highlight=False)
 
     def eta_seconds(self) -> float | None:
         if not self.count or not self.count_started:
@@ -160,7 +197,7 @@ class JobProgress:
         return f"[{self.job}] {self.phase}, {elapsed} elapsed"
 
     def _heartbeat(self) -> None:
-        if self.bar is None and self.clock() - self.last_beat >= HEARTBEAT_SECONDS:
+        if self.bars is None and self.clock() - self.last_beat >= HEARTBEAT_SECONDS:
             self.last_beat = self.clock()
             self.console.print(self.status_line(), markup=False, highlight=False)
 

@@ -1,21 +1,22 @@
-"""The pipeline as it would run, for people (text) and for scripts (JSON)."""
+"""The plan as it would run, for people (text) and for scripts (JSON)."""
 
 from __future__ import annotations
 
 import shlex
 
-from .jobs import RenderedJob
-from .runs import RunRecord
-from .secrets import REDACTED
+from ..results.runs import RunRecord
+from ..secrets import REDACTED
+from .load import RenderedJob
+from .plan import PLACEHOLDER_RUN, Plan
 
 
-def _run_info(name: str | None, record: RunRecord | None) -> dict:
-    if not name:
+def _run_info(plan: Plan, record: RunRecord | None) -> dict:
+    if plan.run_name == PLACEHOLDER_RUN:
         return {"name": None, "new": True, "note": "a new run: its name is generated when fab train starts"}
     states = {job: info.get("state") for job, info in (record.jobs if record else {}).items()}
     has_checkpoints = states.get("train") in ("done", "running", "failed", "interrupted")
     return {
-        "name": name,
+        "name": plan.run_name,
         "new": False,
         "last_seen": states,
         "has_checkpoints": has_checkpoints,
@@ -27,24 +28,33 @@ def _env(job: RenderedJob) -> dict[str, str]:
     return {**job.env, **{name: REDACTED for name in job.secrets}}
 
 
-def plan_dict(jobs: list[RenderedJob], name: str | None, record: RunRecord | None) -> dict:
-    return {"run": _run_info(name, record), "jobs": [{**job.to_dict(), "env": _env(job)} for job in jobs]}
+def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
+    jobs = [
+        {**job.rendered.to_dict(), "env": _env(job.rendered), "job_dir": job.job_dir, "shared": job.shared}
+        for job in plan.jobs
+        if job.rendered is not None
+    ]
+    return {"run": _run_info(plan, record), "state_dir": plan.layout.root, "jobs": jobs}
 
 
-def plan_text(jobs: list[RenderedJob], name: str | None, record: RunRecord | None) -> str:
-    info = _run_info(name, record)
+def plan_text(plan: Plan, record: RunRecord | None) -> str:
+    info = _run_info(plan, record)
     lines = [f"run: {info['name'] or '<new>'} ({info['note']})"]
     if info.get("last_seen"):
         lines.append("last seen: " + ", ".join(f"{j} {s}" for j, s in info["last_seen"].items()))
-    for number, job in enumerate(jobs, 1):
+    lines += ["", f"0. setup: build the environment {plan.spec.environment.venv_path} (when its spec changed)"]
+    for number, planned in enumerate((j for j in plan.jobs if j.rendered is not None), 1):
+        job = planned.rendered
+        head = job.argv[:3] if job.module else job.argv[:1]
         lines += [
             "",
             f"{number}. {job.name}: {job.description}",
             f"   needs:   {', '.join(job.needs) or '-'}",
-            f"   cwd:     {job.cwd}",
+            f"   folder:  {planned.job_dir}{' (shared by runs)' if planned.shared else ''}",
             "   env:     " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in _env(job).items()) or "-"),
             "   argv:    "
-            + " \\\n              ".join([shlex.join(job.argv[:3]), *(shlex.quote(a) for a in job.argv[3:])]),
+            + " \\\n              ".join([shlex.join(head), *(shlex.quote(a) for a in job.argv[len(head) :])]),
+            *(f"   then:    {shlex.join(a)}" for a in job.after),
             f"   inputs:  {', '.join(job.inputs) or '-'}",
             f"   outputs: {', '.join(job.outputs)}",
         ]

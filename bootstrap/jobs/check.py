@@ -15,9 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from . import secrets
-from .errors import Problem
-from .jobs import DEFERRED, Pipeline
+from .. import secrets
+from ..errors import Problem
+from .load import DEFERRED, Pipeline
 
 SCHEMA_FILE = Path(__file__).with_name("maxtext_schema.json")
 BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
@@ -133,10 +133,33 @@ def _check_model_keys(args: dict[str, str], origin) -> list[Problem]:
     ]
 
 
+def base_model(model_name: str) -> str | None:
+    """The Hugging Face repository MaxText converts `model_name` from."""
+    return schema()["hf_ids"].get(model_name)
+
+
+def base_model_of(pipeline: Pipeline) -> str | None:
+    names = [job.spec.args["model_name"] for job in pipeline.jobs.values() if "model_name" in job.spec.args]
+    return base_model(names[0]) if names else None
+
+
+def _check_hf_model(pipeline: Pipeline) -> list[Problem]:
+    """vars.hf_model (what prefetch downloads, what export's config comes from) is the model MaxText converts."""
+    named, expected = pipeline.doc.data.get("vars", {}).get("hf_model"), base_model_of(pipeline)
+    if not isinstance(named, str) or expected is None or named == expected:
+        return []
+    return [
+        pipeline.doc.origin("vars", "hf_model").problem(
+            "vars.hf_model", f"{named!r} is not the repository MaxText converts this model from ({expected})"
+        )
+    ]
+
+
 def check_pipeline(pipeline: Pipeline) -> list[Problem]:
-    problems = []
+    problems = _check_hf_model(pipeline)
     for name, job in pipeline.jobs.items():
-        problems += check_job_args(name, job.spec.module, job.spec.args, job.spec.flags, job.origin)
+        if job.spec.module:
+            problems += check_job_args(name, job.spec.module, job.spec.args, job.spec.flags, job.origin)
         problems += [
             job.origin("secrets").problem(
                 "secrets", f"unknown secret {secret!r}; fab can provide {', '.join(secrets.KNOWN)}"

@@ -10,19 +10,7 @@ from __future__ import annotations
 from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
-from .errors import UserError
-from .jobcheck import schema
-from .jobs import Pipeline
-
-
-def base_model(model_name: str) -> str | None:
-    """The Hugging Face repository MaxText converts `model_name` from."""
-    return schema()["hf_ids"].get(model_name)
-
-
-def base_model_of(pipeline: Pipeline) -> str | None:
-    names = [job.spec.args["model_name"] for job in pipeline.jobs.values() if "model_name" in job.spec.args]
-    return base_model(names[0]) if names else None
+from ..errors import UserError
 
 
 def preflight(token: str, model: str | None, target_repo: str = "") -> list[str]:

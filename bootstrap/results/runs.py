@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .paths import runs_dir
+from ..paths import runs_dir
 
 CURRENT = "current"
 
@@ -34,17 +34,30 @@ class RunRecord:
     name: str
     jobs: dict[str, dict] = field(default_factory=dict)  # job -> state, started, finished, ...
     evals: list[dict] = field(default_factory=list)
-    rendered: list[dict] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # durable copies of the export
 
     @property
     def folder(self) -> Path:
         return runs_dir() / self.name
 
+    def note_job(self, name: str, status) -> None:
+        """Keep a job's final state (a machine.JobStatus) for fab metrics' summary."""
+        self.jobs[name] = {
+            "state": status.state.value,
+            "started": status.started,
+            "finished": status.finished,
+            "exit_code": status.exit_code,
+            "outputs": status.outputs,
+            "error": status.error,
+        }
+
     @classmethod
     def load(cls, name: str) -> RunRecord:
         path = runs_dir() / name / "record.json"
-        return cls(**json.loads(path.read_text())) if path.exists() else cls(name)
+        if not path.exists():
+            return cls(name)
+        data = json.loads(path.read_text())
+        return cls(**{key: data[key] for key in ("name", "jobs", "evals", "results") if key in data})
 
     def save(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -52,7 +65,6 @@ class RunRecord:
             "name": self.name,
             "jobs": self.jobs,
             "evals": self.evals,
-            "rendered": self.rendered,
             "results": self.results,
         }
         tmp = self.folder / "record.json.tmp"

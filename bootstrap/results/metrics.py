@@ -26,10 +26,14 @@ PANELS = {
     "KL": "actor/train/kl",
 }
 Series = dict[str, dict[int, float]]  # tag -> step -> value
+# tunix logs rollout metrics for step N at step N-1 (tests/fixtures/logs, maxtext_cpu.md): shift them
+# so that one row is one training step. jax/* are compile and checkpoint timings, not training.
+ONE_STEP_BEHIND = ("rewards/", "completions/")
+SKIPPED = ("jax/",)
 
 
 def read_events(folder: Path) -> Series:
-    """Every scalar in every event file below `folder`, by tag and step (later files win)."""
+    """Every training scalar in every event file below `folder`, by tag and training step (later files win)."""
     series: Series = {}
     for path in sorted(folder.rglob("*tfevents*")):
         acc = EventAccumulator(str(path), size_guidance={SCALARS: 0, TENSORS: 0})
@@ -43,7 +47,11 @@ def read_events(folder: Path) -> Series:
                 value = tensor_util.make_ndarray(event.tensor_proto)
                 if value.size == 1:
                     series.setdefault(tag, {})[event.step] = float(value.reshape(-1)[0])
-    return series
+    return {
+        tag: {step + tag.startswith(ONE_STEP_BEHIND): value for step, value in values.items()}
+        for tag, values in series.items()
+        if not tag.startswith(SKIPPED)
+    }
 
 
 def write_csv(series: Series, path: Path) -> None:

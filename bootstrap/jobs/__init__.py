@@ -1,0 +1,1 @@
+"""The job model: jobs/*.yaml read once, checked, and rendered into one immutable plan."""

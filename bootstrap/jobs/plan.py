@@ -1,0 +1,146 @@
+"""One immutable plan per fab command: every job rendered once, with its folder on the VM.
+
+`build` resolves the job files (read once) for the chosen run and decides, exactly,
+which jobs are shared by runs: those that render the same for two different run
+names (and need only shared jobs). A shared job (convert) lives in one folder for
+every run, so a new run never downloads or converts the model again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ..errors import UserError
+from ..remote.jobrunner import Layout
+from . import check, environment
+from .load import SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
+from .spec import PipelineSpec
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+RUN_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+PLACEHOLDER_RUN = "<run_name>"
+_OTHER_RUN = "~another-run~"  # never a valid run name, so it cannot collide with a real one
+
+
+def check_run_name(name: str, source: str = "--run-name") -> str:
+    if not RUN_NAME.fullmatch(name) or ".." in name:
+        raise UserError(f"{source}: {name!r} is not a run name ({RUN_NAME_RULE})")
+    return name
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """A job as this command will drive it: its folder on the VM and what the runner runs there."""
+
+    name: str
+    job_dir: str
+    runner_spec: Mapping  # what jobrunner.py reads from spec.json
+    needs: tuple[str, ...] = ()
+    shared: bool = False
+    rendered: RenderedJob | None = None  # None for the setup and publish jobs
+    target: str = ""  # where a publish job puts the model
+
+    @property
+    def uses_tpu(self) -> bool:
+        """A MaxText module: the VM preflight (chips, memory, TPU free) runs before it starts."""
+        return self.rendered is not None and self.rendered.module is not None
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.runner_spec["outputs"])
+
+
+def runner_spec(layout: Layout, name: str, argv: list[str], outputs: list[str], **extra) -> Mapping:
+    """The spec.json of one job: the command, its environment, what decides done."""
+    spec = {"name": name, "argv": argv, "env": {}, "secrets": [], "outputs": outputs, "cwd": "~", **extra}
+    spec["secrets_dir"] = layout.secrets
+    return MappingProxyType(spec)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything after `build` reads this; nothing reads jobs/ again."""
+
+    run_name: str
+    spec: PipelineSpec
+    layout: Layout
+    jobs: tuple[PlannedJob, ...]  # setup first, then in run order
+    base_model: str | None = None  # the Hugging Face repo the model is converted from
+    secret_names: tuple[str, ...] = field(default=())
+
+    def job(self, name: str) -> PlannedJob:
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        raise UserError(f"no job {name!r}; jobs are {', '.join(self.names)}")
+
+    @property
+    def names(self) -> list[str]:
+        return [job.name for job in self.jobs]
+
+    @property
+    def rendered(self) -> list[RenderedJob]:
+        return [job.rendered for job in self.jobs if job.rendered is not None]
+
+    def export_folder(self) -> str:
+        """Where the export job writes the model on the VM: the folder of its first output."""
+        export = next((j for j in self.rendered if j.name == "export"), None)
+        if export is None:
+            raise UserError("the pipeline has no export job")
+        return export.outputs[0].rsplit("/", 1)[0]
+
+
+def check_local(files: JobFiles, overrides: list[str]) -> Pipeline:
+    """Every problem in jobs/ and the overrides, MaxText's keys included, before anything is contacted."""
+    pipeline = resolve(files, overrides)
+    problems = check.check_pipeline(pipeline)
+    if problems:
+        raise UserError(problems)
+    return pipeline
+
+
+def _setup_job(spec: PipelineSpec, layout: Layout) -> PlannedJob:
+    env = spec.environment
+    job_dir = layout.setup(environment.digest(env))
+    ready = f"{job_dir}/ready"
+    argv = ["bash", "-c", environment.setup_script(env, ready)]
+    return PlannedJob(SETUP, job_dir, runner_spec(layout, SETUP, argv, [ready, env.python_path]), shared=True)
+
+
+def _job_key(job: RenderedJob) -> str:
+    return hashlib.sha256(json.dumps([job.argv, job.env, job.outputs, job.after]).encode()).hexdigest()[:12]
+
+
+def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN) -> Plan:
+    """Render every job for `run_name` and place it: in the run's folder, or shared by all runs."""
+    pipeline = resolve(files, overrides, {"run_name": run_name})
+    other = {job.name: job for job in render(resolve(files, overrides, {"run_name": _OTHER_RUN}))}
+    spec = pipeline.spec
+    layout = Layout(spec.vm.state_dir)
+    planned = [_setup_job(spec, layout)]
+    shared_names = {SETUP}
+    for job in render(pipeline):
+        shared = job == other[job.name] and all(need in shared_names for need in job.needs)
+        if shared:
+            shared_names.add(job.name)
+        job_dir = layout.shared(job.name, _job_key(job)) if shared else layout.run_job(run_name, job.name)
+        validate = [layout.tool("maxtext_check.py"), job.module] if job.module and spec.vm.validate_args else None
+        runner = runner_spec(
+            layout,
+            job.name,
+            job.argv,
+            job.outputs,
+            env=job.env,
+            secrets=job.secrets,
+            cwd=job.cwd,
+            validate=validate,
+            after=job.after,
+        )
+        planned.append(PlannedJob(job.name, job_dir, runner, tuple(job.needs), shared, job))
+    secrets = sorted({name for job in pipeline.jobs.values() for name in job.spec.secrets})
+    return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), tuple(secrets))

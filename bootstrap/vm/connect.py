@@ -1,0 +1,106 @@
+"""Reach the one VM: from Fabric's -H, or from the Pulumi stack's outputs.
+
+The SSH backend drives exactly one VM. A multi-host slice is not several SSH hosts
+running the same command: MaxText 0.2.3 runs multi-host GRPO only through Pathways on
+GKE, so several hosts are refused with a pointer there. Every way a connection can
+fail ends in one line that names the host and the fix, within a connect timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import paramiko
+from fabric import Connection
+from invoke import Context
+from paramiko.ssh_exception import NoValidConnectionsError
+
+from ..errors import UserError
+from ..paths import REPO
+
+CONNECT_TIMEOUT_SECONDS = 15
+KEEPALIVE_SECONDS = 30
+MULTI_HOST = (
+    "the SSH backend drives one VM, but {count} hosts were given ({hosts}). MaxText 0.2.3 runs multi-host GRPO "
+    "only through Pathways on GKE; use the GKE backend for slices bigger than one VM"
+)
+
+
+def stack_outputs() -> dict:
+    if shutil.which("pulumi") is None:
+        raise UserError("no VM: pass -H user@host, or install the Pulumi CLI so fab can read the stack's outputs")
+    result = subprocess.run(["pulumi", "stack", "output", "--json"], cwd=REPO, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UserError(
+            f"no VM: `pulumi stack output --json` failed: {result.stderr.strip()[-300:]} (run `pulumi up` first, or pass -H)"
+        )
+    return json.loads(result.stdout)
+
+
+def _cli_hosts(argv: list[str]) -> list[str]:
+    """The hosts given with -H/--hosts (Fabric runs a task once per host: refuse before the first)."""
+    for index, arg in enumerate(argv):
+        for flag in ("-H", "--hosts"):
+            if arg == flag and index + 1 < len(argv):
+                return argv[index + 1].split(",")
+            if arg.startswith(flag + ("=" if flag == "--hosts" else "")) and arg != flag:
+                return arg[len(flag) :].lstrip("=").split(",")
+    return []
+
+
+def one_host(hosts: list[str]) -> str:
+    if len(hosts) != 1:
+        raise UserError(MULTI_HOST.format(count=len(hosts), hosts=", ".join(hosts)))
+    return hosts[0]
+
+
+def connection(c: Context) -> Connection:
+    """The Connection to the VM (not yet opened), with connect, banner and auth timeouts."""
+    if isinstance(c, Connection):
+        cli = _cli_hosts(sys.argv[1:])
+        if len(cli) > 1:
+            one_host(cli)
+        conn = c
+    else:
+        outputs = stack_outputs()
+        if not outputs.get("hosts"):
+            raise UserError("the Pulumi stack has no `hosts` output yet: run `pulumi up` first")
+        conn = Connection(one_host(outputs["hosts"]), user=outputs.get("ssh_user"), config=c.config)
+    timeout = conn.connect_timeout or CONNECT_TIMEOUT_SECONDS
+    conn.connect_timeout = timeout
+    conn.connect_kwargs.setdefault("banner_timeout", timeout)
+    conn.connect_kwargs.setdefault("auth_timeout", timeout)
+    return conn
+
+
+def open_connection(conn: Connection) -> Connection:
+    """Open it, or raise one line that says what went wrong and what to do."""
+    where = f"{conn.user}@{conn.host}:{conn.port}"
+    timeout = conn.connect_timeout
+    try:
+        conn.open()
+    except paramiko.AuthenticationException:
+        raise UserError(
+            f"{where}: the VM refused the SSH key (is tpu-rl:sshPublicKey the key you log in with? pass it with -i KEY)"
+        ) from None
+    except (NoValidConnectionsError, ConnectionRefusedError):
+        raise UserError(
+            f"{where}: connection refused (the VM may still be booting, or sshd is not running on port {conn.port})"
+        ) from None
+    except socket.gaierror:
+        raise UserError(f"{where}: unknown host name (check -H, or the stack's `hosts` output)") from None
+    except TimeoutError:
+        raise UserError(
+            f"{where}: no answer within {timeout} s (is the VM running, and tpu-rl:sshSourceRanges open to your address?)"
+        ) from None
+    except (paramiko.SSHException, EOFError, OSError) as err:
+        raise UserError(
+            f"{where}: the SSH handshake failed within {timeout} s ({err or type(err).__name__}); "
+            "is this the VM's SSH port, and is the VM overloaded?"
+        ) from None
+    conn.transport.set_keepalive(KEEPALIVE_SECONDS)
+    return conn

@@ -1,0 +1,354 @@
+"""The VM as fab sees it: a narrow interface over one SSH connection.
+
+prepare, launch, states, follow and lock are all a command needs; each is one call
+to the VM-side runner (bootstrap/remote/jobrunner.py), which owns the protocol.
+Commands run on raw SSH channels (one round trip each, output read in full only for
+short commands; a followed log streams in chunks, so memory stays bounded). Once the
+VM's lock is lost, every call refuses: fab never acts on the VM without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+from fabric import Connection
+from rich.console import Console
+
+from ..errors import UserError
+from ..jobs.plan import PlannedJob
+from ..remote import jobrunner
+from ..remote.jobrunner import JobState, Layout
+from .output import Cleaner, lines
+
+REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
+TOOLS = ("jobrunner.py", "maxtext_check.py", "hub_upload.py", "gcs_upload.py", "export_config.py")
+CHUNK = 64 * 1024
+IDLE_SECONDS = 5
+COMMAND_TIMEOUT_SECONDS = 120
+LOCK_PING_SECONDS = 10
+LOCK_LOST_SECONDS = 45  # well before the VM side lets go (jobrunner.LOCK_SILENCE_SECONDS)
+STARTUP_WAIT_SECONDS = 30 * 60
+
+
+class LockLost(UserError):
+    """The VM's lock went with the connection: stop before doing anything unlocked."""
+
+
+class ConnectionLost(UserError):
+    """The SSH connection broke in the middle of a command."""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job's state on the VM and the facts behind it."""
+
+    state: JobState
+    log: str = ""
+    started: float | None = None
+    finished: float | None = None
+    exit_code: int | None = None
+    error: str | None = None
+    outputs: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: dict) -> JobStatus:
+        return cls(
+            JobState(data["state"]),
+            data.get("log", ""),
+            data.get("started"),
+            data.get("finished"),
+            data.get("exit_code"),
+            data.get("error"),
+            data.get("outputs") or [],
+            data.get("missing") or [],
+        )
+
+
+class Lock:
+    """The VM's lock, held by a runner process on the VM for as long as its channel lives.
+
+    A thread pings it and reads its answers; if the channel closes or no answer comes
+    for LOCK_LOST_SECONDS, `lost` is set and every further VM call raises LockLost.
+    """
+
+    def __init__(
+        self, channel: paramiko.Channel, ping: float = LOCK_PING_SECONDS, lost_after: float = LOCK_LOST_SECONDS
+    ):
+        self.channel = channel
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(ping, lost_after), daemon=True)
+        self._thread.start()
+
+    def _watch(self, ping: float, lost_after: float) -> None:
+        last_answer = time.monotonic()
+        self.channel.settimeout(ping)
+        while not self._stop.is_set():
+            try:
+                self.channel.sendall(b"\n")
+                data = self.channel.recv(1024)
+                if not data:
+                    break
+                last_answer = time.monotonic()
+                self._stop.wait(ping)
+            except TimeoutError:
+                if time.monotonic() - last_answer > lost_after:
+                    break
+            except (OSError, EOFError, paramiko.SSHException):
+                break
+        if not self._stop.is_set():
+            self.lost.set()
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self.channel.shutdown_write()
+            self.channel.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+
+
+class Vm:
+    """One VM over one SSH connection, in tpu-rl's terms."""
+
+    def __init__(self, conn: Connection, layout: Layout, cleaner: Cleaner | None = None):
+        self.conn = conn
+        self.layout = layout
+        self.clean = cleaner or Cleaner()
+        self.held: Lock | None = None
+
+    @property
+    def name(self) -> str:
+        return self.conn.host
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def check_lock(self) -> None:
+        if self.held is not None and self.held.lost.is_set():
+            raise LockLost(
+                f"lost the VM's lock: the connection to {self.name} dropped or went silent. The jobs on the VM go on; "
+                "run fab train again to re-attach"
+            )
+
+    @contextmanager
+    def _io(self) -> Iterator[None]:
+        """Turn a broken connection into one line (or LockLost, when that is what happened)."""
+        try:
+            yield
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            self.check_lock()
+            raise ConnectionLost(
+                f"lost the connection to {self.name} ({err or type(err).__name__}). Anything started on the VM goes on; "
+                "run the same command again"
+            ) from None
+
+    def _open(self, command: str, timeout: float) -> paramiko.Channel:
+        self.check_lock()
+        with self._io():
+            transport = self.conn.client.get_transport() if self.conn.is_connected else None
+            if transport is None or not transport.is_active():
+                raise EOFError("the SSH transport is closed")
+            channel = transport.open_session(timeout=timeout)
+            channel.settimeout(timeout)
+            channel.exec_command(command)
+            return channel
+
+    def execute(self, command: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+        """A short command: (exit code, stdout, stderr), in one round trip."""
+        channel = self._open(command, COMMAND_TIMEOUT_SECONDS)
+        with self._io():
+            try:
+                if stdin is not None:
+                    channel.sendall(stdin)
+                channel.shutdown_write()
+                out = channel.makefile("rb").read()
+                err = channel.makefile_stderr("rb").read()
+                return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
+            finally:
+                channel.close()
+
+    def check(self, command: str, what: str, stdin: bytes | None = None) -> str:
+        code, out, err = self.execute(command, stdin)
+        if code != 0:
+            raise UserError(f"{self.name}: {what} failed (exit {code}): {self.clean(err.strip()[-500:])}")
+        return out
+
+    def runner(self, *args: str) -> str:
+        """A jobrunner.py subcommand, run by the VM's system python3."""
+        return shlex.join(["python3", self.layout.tool("jobrunner.py"), *args])
+
+    # --- the interface ------------------------------------------------------------------------
+
+    def prepare(self, run_name: str | None = None, secrets: dict[str, str] | None = None) -> list[str]:
+        """The state folder (private), tpu-rl's tools (when they changed), the run, the secrets.
+
+        Returns what changed, one line each. Secrets travel inside the SFTP stream, never on a command line.
+        """
+        q = shlex.quote
+        done = []
+        bin_dir = self.layout.bin
+        code, out, _ = self.execute(
+            f"mkdir -p {q(bin_dir)} {q(self.layout.secrets)} && chmod 700 {q(self.layout.root)} {q(self.layout.secrets)}"
+            f" && cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null; "
+            f"cd && sha256sum {' '.join(q(f'{self.layout.secrets}/{n}') for n in (secrets or {}))} 2>/dev/null; true"
+        )
+        remote = {path.rsplit("/", 1)[-1]: digest for digest, path in (line.split() for line in out.splitlines())}
+        sftp = self.conn.sftp()
+        for tool in TOOLS:
+            local = REMOTE_SCRIPTS / tool
+            if remote.get(tool) != hashlib.sha256(local.read_bytes()).hexdigest():
+                sftp.put(str(local), self._sftp_path(f"{bin_dir}/{tool}"))
+        for name, value in (secrets or {}).items():
+            path = self._sftp_path(f"{self.layout.secrets}/{name}")
+            if remote.get(name) != hashlib.sha256(value.encode()).hexdigest():
+                with sftp.open(path, "w") as f:
+                    f.chmod(0o600)
+                    f.write(value.encode())
+                done.append(f"stored {name} (readable only by the SSH user)")
+            sftp.chmod(path, 0o600)  # a file found with a wider mode is fixed, not refused
+        self.check(self.runner("prepare", self.layout.root, *([run_name] if run_name else [])), "preparing the VM")
+        return done
+
+    def _sftp_path(self, path: str) -> str:
+        """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""
+        return path[2:] if path.startswith("~/") else path
+
+    def current_run(self) -> str | None:
+        code, out, _ = self.execute(f"cat {shlex.quote(self.layout.current_run)} 2>/dev/null")
+        return out.strip() or None
+
+    def launch(self, job: PlannedJob) -> JobStatus:
+        """Start a job detached; returns once the runner has recorded it (or raises with its error)."""
+        spec = json.dumps(dict(job.runner_spec), indent=1).encode()
+        code, out, err = self.execute(self.runner("launch", job.job_dir), stdin=spec)
+        if code != 0:
+            raise UserError(f"{job.name}: could not start on {self.name}: {self.clean(err.strip()[-1500:])}")
+        return JobStatus.from_json(json.loads(out))
+
+    def states(self, job_dirs: list[str]) -> list[JobStatus]:
+        out = self.check(self.runner("status", *job_dirs), "reading job state")
+        return [JobStatus.from_json(item) for item in json.loads(out)]
+
+    def follow(
+        self, job_dir: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None, tail=False
+    ) -> None:
+        """Hand each log line (cleaned) to `on_line` until the job is no longer running."""
+        channel = self._open(self.runner("follow", job_dir, *(["--tail"] if tail else [])), IDLE_SECONDS)
+
+        def chunks() -> Iterator[bytes]:
+            while True:
+                with self._io():
+                    try:
+                        data = channel.recv(CHUNK)
+                    except TimeoutError:
+                        data = None
+                if data is None:  # quiet for IDLE_SECONDS: a heartbeat, and is the lock still held?
+                    self.check_lock()
+                    on_idle()
+                    continue
+                if not data:
+                    return
+                yield data
+
+        try:
+            for line in lines(chunks()):
+                on_line(self.clean(line))
+        finally:
+            channel.close()
+        self.check_lock()
+
+    @contextmanager
+    def lock(self, owner: str) -> Iterator[Lock]:
+        """Hold the VM's lock: one fab command at a time drives the VM."""
+        channel = self._open(self.runner("lock", self.layout.root, owner), COMMAND_TIMEOUT_SECONDS)
+        with self._io():
+            answer = channel.makefile("rb").readline().decode().strip()
+        if answer != "locked":
+            channel.close()
+            holder = answer.removeprefix("busy: ") or "unknown"
+            raise UserError(f"{self.name}: another fab command holds the VM ({holder}); wait for it or stop it first")
+        self.held = Lock(channel)
+        try:
+            yield self.held
+        finally:
+            self.held.release()
+            self.held = None
+
+    # --- reading results ------------------------------------------------------------------------
+
+    def tail(self, job_dir: str, count: int) -> list[str]:
+        """The last lines of a job's log, cleaned like followed output."""
+        code, out, _ = self.execute(f"tail -n {count} {shlex.quote(job_dir)}/{jobrunner.LOG} 2>/dev/null")
+        return [self.clean(line) for line in lines([out.encode()])]
+
+    def preflight(self, request: dict) -> list[dict]:
+        code, out, err = self.execute(self.runner("preflight"), json.dumps(request).encode())
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            raise UserError(f"{self.name}: preflight could not run: {self.clean(err.strip()[-300:])}") from None
+
+    def wait_for_startup(self, marker: str, log: str, console: Console) -> None:
+        """Wait for the startup script's marker, showing its log meanwhile."""
+        offset, deadline = 0, time.monotonic() + STARTUP_WAIT_SECONDS
+        q = shlex.quote
+        while True:
+            code, out, _ = self.execute(
+                f"test -f {q(marker)} || {{ tail -c +{offset + 1} {q(log)} 2>/dev/null; exit 3; }}"
+            )
+            if code == 0:
+                return
+            if offset == 0:
+                console.print(f"{self.name}: waiting for the startup script ({marker})")
+            offset += len(out.encode())
+            for line in lines([out.encode()]):
+                console.print(f"  startup | {self.clean(line)}", markup=False, highlight=False)
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"{self.name}: the startup script did not finish in {STARTUP_WAIT_SECONDS // 60} min; see {log}"
+                )
+            time.sleep(2)
+
+    def list_files(self, directory: str) -> dict[str, int]:
+        """Files below `directory` (relative path -> size); empty if it does not exist."""
+        code, out, _ = self.execute(f"cd {shlex.quote(directory)} 2>/dev/null && find . -type f -printf '%s\\t%P\\n'")
+        return {path: int(size) for size, path in (line.split("\t", 1) for line in out.splitlines())}
+
+    def download(
+        self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None
+    ) -> dict[str, int]:
+        """Copy a remote folder file by file; files already here at the same size are kept (resumable).
+
+        Each file lands under a .part name and is renamed only when complete.
+        """
+        files = self.list_files(directory)
+        if not files:
+            raise UserError(f"{self.name}: nothing to download in {directory}")
+        sftp = self.conn.sftp()
+        for path, size in sorted(files.items()):
+            target = local / path
+            if target.exists() and target.stat().st_size == size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(target.name + ".part")
+            sftp.get(self._sftp_path(f"{directory}/{path}"), str(partial))
+            partial.replace(target)
+            on_file(path, size)
+        wrong = [p for p, size in files.items() if (local / p).stat().st_size != size]
+        if wrong:
+            raise UserError(f"downloaded sizes differ from the VM for {', '.join(wrong)}; run the command again")
+        return files
+
+    def put_text(self, path: str, text: str) -> None:
+        self.conn.sftp().putfo(io.BytesIO(text.encode()), self._sftp_path(path))

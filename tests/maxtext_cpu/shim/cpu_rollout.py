@@ -1,0 +1,114 @@
+"""A plain-JAX rollout for train_rl on CPU, in place of MaxText's vLLM rollout (test environment only).
+
+tunix calls it through the `rollout_engine` hook for BaseRollout subclasses, which train_rl
+takes when `use_standalone_converter=true`. It samples on the same actor model the trainer
+updates, with one full forward pass per generated token (no KV cache): slow, but small models
+on CPU need no more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tunix.generate import tokenizer_adapter
+from tunix.rl import common
+from tunix.rl.rollout import base_rollout
+
+
+@nnx.jit
+def _next_token_logits(model, tokens, positions, index):
+    logits, _ = model(tokens, positions, None, None)
+    return jax.lax.dynamic_index_in_dim(logits, index - 1, axis=1, keepdims=False)
+
+
+class MaxTextVllmRollout(base_rollout.BaseRollout):
+    """The name train_rl imports; the engine is a greedy or temperature sampler in JAX."""
+
+    def __init__(self, rollout_actor: Any, tokenizer: Any, mesh=None, rollout_config=None, maxtext_config=None, **_):
+        self._model = rollout_actor
+        if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
+            tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
+        self._tokenizer = tokenizer
+        self._rng = np.random.default_rng(0)
+
+    def generate(self, prompts, rollout_config, **kwargs) -> base_rollout.RolloutOutput:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompt_len, new_tokens = rollout_config.max_prompt_length, max(1, rollout_config.max_tokens_to_generate)
+        pad, eos = self.pad_id(), self.eos_id()
+        stops = {eos, *(rollout_config.eos_tokens or [])}
+        buffer = np.full((len(prompts), prompt_len + new_tokens), pad, dtype=np.int32)
+        for row, prompt in enumerate(prompts):
+            ids = self._tokenizer.encode(prompt)[-prompt_len:]
+            buffer[row, prompt_len - len(ids) : prompt_len] = ids
+        finished = np.zeros(len(prompts), dtype=bool)
+        logprobs = np.zeros((len(prompts), new_tokens), dtype=np.float32)
+        temperature = float(rollout_config.temperature or 0.0)
+        for step in range(new_tokens):
+            index = prompt_len + step
+            mask = buffer != pad
+            mask[:, index:] = False
+            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+            logits = np.asarray(
+                _next_token_logits(self._model, jnp.asarray(buffer), jnp.asarray(positions), index), dtype=np.float32
+            )
+            log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+            if temperature > 0:
+                scaled = log_probs / temperature
+                probs = np.exp(scaled - np.logaddexp.reduce(scaled, axis=-1, keepdims=True))
+                chosen = np.array([self._rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int32)
+            else:
+                chosen = log_probs.argmax(axis=-1).astype(np.int32)
+            chosen = np.where(finished, pad, chosen)
+            buffer[:, index] = chosen
+            logprobs[:, step] = log_probs[np.arange(len(prompts)), chosen]
+            finished |= np.isin(chosen, list(stops))
+            if finished.all():
+                break
+        tokens, texts, token_logprobs = [], [], []
+        for row in range(len(prompts)):
+            generated = buffer[row, prompt_len:]
+            ends = np.flatnonzero(np.isin(generated, list(stops)))
+            length = int(ends[0]) + 1 if ends.size else int((generated != pad).sum())
+            length = max(length, 1)
+            tokens.append(generated[:length].copy())
+            token_logprobs.append(logprobs[row, :length].copy())
+            texts.append(self._tokenizer.decode(generated[:length].tolist()))
+        return base_rollout.RolloutOutput(
+            text=texts,
+            logits=[np.zeros((len(t), 1), dtype=np.float32) for t in tokens],
+            tokens=tokens,
+            left_padded_prompt_tokens=buffer[:, :prompt_len].copy(),
+            logprobs=token_logprobs if rollout_config.return_logprobs else None,
+        )
+
+    def get_per_token_logps(self, prompt_tokens, completion_tokens, completion_mask=None):
+        graphdef, state = nnx.split(self._model)
+        return common.compute_per_token_logps(
+            graphdef,
+            state,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            pad_id=self.pad_id(),
+            eos_id=self.eos_id(),
+            stop_gradient=True,
+            return_logits=False,
+        )
+
+    def update_params(self, params, filter_types=None) -> None:
+        """The sampler shares the trainer's model object, so new weights are already here."""
+        if params is not None and self._model is not None:
+            nnx.update(self._model, params)
+
+    def pad_id(self) -> int:
+        return self._tokenizer.pad_id()
+
+    def eos_id(self) -> int:
+        return self._tokenizer.eos_id()
+
+    def model(self) -> Any:
+        return self._model
