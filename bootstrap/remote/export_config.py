@@ -27,7 +27,8 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 64
     folder, repo = argv
-    base = json.loads(open(hf_hub_download(repo, "config.json")).read())
+    with open(hf_hub_download(repo, "config.json")) as f:
+        base = json.load(f)
     shutil.copyfile(hf_hub_download(repo, "generation_config.json"), os.path.join(folder, "generation_config.json"))
     print(f"[tpu-rl] generation_config.json from {repo}", flush=True)
     path = os.path.join(folder, "config.json")

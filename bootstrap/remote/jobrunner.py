@@ -242,6 +242,12 @@ class _Job:
         except (OSError, ValueError):
             return -signal.SIGKILL  # the shell itself was killed: no code
 
+    def adoptable(self) -> bool:
+        """Its process outlived a dead runner: still running, or ended with its exit code kept."""
+        process = _read_json(self.path(PROCESS))
+        ended = os.path.exists(self.path(EXIT_CODE)) and not os.path.exists(self.path(RESULT))
+        return bool(process) and (alive(process) or ended)
+
     def run(self) -> int:
         """Run (or adopt) the job, then write its verdict."""
         _write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
@@ -249,10 +255,9 @@ class _Job:
         with open(self.path(LOG), "ab", buffering=0) as log:
             try:
                 env = {**os.environ, **{k: _expand(v) for k, v in self.spec["env"].items()}, **_secret_env(self.spec)}
-                process = _read_json(self.path(PROCESS))
-                if alive(process):
-                    self.note(log, "re-attached to the running job (its runner had stopped)")
-                    _wait_gone(process)
+                if self.adoptable():
+                    self.note(log, "re-attached to the job (its runner had stopped)")
+                    _wait_gone(_read_json(self.path(PROCESS)))
                     exit_code = self.exit_code()
                 else:
                     exit_code, error = self.start(env, log)
@@ -301,7 +306,8 @@ def launch(job_dir: str, spec_text: str) -> int:
     if state["state"] == JobState.RUNNING.value and alive(runner):
         print(json.dumps(state))
         return 0
-    if state["state"] != JobState.RUNNING.value:  # a fresh attempt: keep the old log, forget the old verdict
+    if state["state"] != JobState.RUNNING.value and not _Job(job_dir).adoptable():
+        # a fresh attempt: keep the old log, forget the old verdict
         for name in (RESULT, DONE, RUNNER, PROCESS, EXIT_CODE):
             if os.path.exists(os.path.join(job_dir, name)):
                 os.remove(os.path.join(job_dir, name))
@@ -311,6 +317,8 @@ def launch(job_dir: str, spec_text: str) -> int:
         with open(os.path.join(job_dir, f"{SPEC}.tmp"), "w") as f:
             f.write(spec_text)
         os.replace(os.path.join(job_dir, f"{SPEC}.tmp"), os.path.join(job_dir, SPEC))
+    if os.path.exists(os.path.join(job_dir, RUNNER)):  # a dead runner's: wait below for the new one's
+        os.remove(os.path.join(job_dir, RUNNER))
     err_path = os.path.join(job_dir, RUNNER_ERR)
     offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
     with open(err_path, "ab") as err:

@@ -147,6 +147,8 @@ class Vm:
         try:
             yield
         except (OSError, EOFError, paramiko.SSHException) as err:
+            if self.held is not None:  # the lock lived on this connection: it is gone with it
+                self.held.lost.set()
             self.check_lock()
             raise ConnectionLost(
                 f"lost the connection to {self.name} ({err or type(err).__name__}). Anything started on the VM goes on; "
@@ -287,9 +289,9 @@ class Vm:
 
     # --- reading results ------------------------------------------------------------------------
 
-    def tail(self, job_dir: str, count: int) -> list[str]:
-        """The last lines of a job's log, cleaned like followed output."""
-        code, out, _ = self.execute(f"tail -n {count} {shlex.quote(job_dir)}/{jobrunner.LOG} 2>/dev/null")
+    def tail(self, job_dir: str, count: int, name: str = jobrunner.LOG) -> list[str]:
+        """The last lines of a job's log (or another file of its folder), cleaned like followed output."""
+        code, out, _ = self.execute(f"tail -n {count} {shlex.quote(f'{job_dir}/{name}')} 2>/dev/null")
         return [self.clean(line) for line in lines([out.encode()])]
 
     def preflight(self, request: dict) -> list[dict]:

@@ -24,10 +24,11 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..jobs.plan import Plan, PlannedJob
+from ..remote import jobrunner
 from ..remote.jobrunner import JobState
 from ..results.runs import RunRecord, minutes
 from .machine import JobStatus, Vm
-from .progress import Board
+from .progress import Board, JobProgress
 
 LOG_TAIL_LINES = 30
 WAIT_SECONDS = 1
@@ -117,18 +118,19 @@ def run_jobs(session: Session, jobs: list[PlannedJob]) -> None:
     for job in jobs:
         for need in job.needs:
             if need not in wanted and statuses[need].state is not JobState.DONE:
-                raise UserError(
-                    f"{job.name} needs {need}, which is {statuses[need].state.value}: run fab train first"
-                )
+                raise UserError(f"{job.name} needs {need}, which is {statuses[need].state.value}: run fab train first")
     done: set[str] = set()
+    relaunched: set[str] = set()
     running: dict[str, PlannedJob] = {}
     finished: queue.Queue = queue.Queue()
     with Board(console) as board:
 
-        def follow(job: PlannedJob) -> None:
-            rendered = job.rendered
-            total = rendered.progress["total_steps"] if rendered and rendered.progress else None
-            progress = board.job(job.name, total)
+        def follow(job: PlannedJob, progress: JobProgress | None = None) -> None:
+            if progress is None:
+                rendered = job.rendered
+                progress = board.job(
+                    job.name, rendered.progress["total_steps"] if rendered and rendered.progress else None
+                )
             try:
                 vm.follow(job.job_dir, progress.feed, progress.tick)
                 finished.put((job, progress, None))
@@ -150,7 +152,7 @@ def run_jobs(session: Session, jobs: list[PlannedJob]) -> None:
                     if action is Action.SKIP:
                         done.add(job.name)
                         continue
-                    if action is Action.START:
+                    if action is not Action.SKIP:  # a running job whose runner died gets one that adopts it
                         vm.launch(job)
                     running[job.name] = job
                     threading.Thread(target=follow, args=(job,), daemon=True).start()
@@ -162,10 +164,19 @@ def run_jobs(session: Session, jobs: list[PlannedJob]) -> None:
             except queue.Empty:
                 vm.check_lock()
                 continue
-            del running[job.name]
             if error is not None:
                 raise error
             status = vm.states([job.job_dir])[0]
+            if status.state is JobState.RUNNING:  # the log stream ended early: the job is fine, follow on
+                threading.Thread(target=follow, args=(job, progress), daemon=True).start()
+                continue
+            if status.state is JobState.INTERRUPTED and job.name not in relaunched:
+                relaunched.add(job.name)  # its runner died: a new one adopts the process or its exit code
+                console.print(f"{job.name}: its runner stopped; starting one that takes over")
+                vm.launch(job)
+                threading.Thread(target=follow, args=(job, progress), daemon=True).start()
+                continue
+            del running[job.name]
             session.record.note_job(job.name, status)
             if progress.evals:  # the log is read from its start, so this is the whole list
                 session.record.evals = progress.evals
@@ -183,6 +194,9 @@ def _fail(session: Session, job: PlannedJob, status: JobStatus, still_running: l
     session.console.print(f"--- last {LOG_TAIL_LINES} lines of {vm.name}:{status.log} ---")
     for line in vm.tail(job.job_dir, LOG_TAIL_LINES):
         session.console.print(line, markup=False, highlight=False)
+    if status.state is JobState.INTERRUPTED:  # the runner itself died: its own stderr says why
+        for line in vm.tail(job.job_dir, LOG_TAIL_LINES, jobrunner.RUNNER_ERR):
+            session.console.print(f"runner | {line}", markup=False, highlight=False)
     going_on = f" {', '.join(still_running)} goes on on the VM." if still_running else ""
     raise UserError(
         f"{job.name} {status.state.value} on {vm.name}: {status.error or 'see the log'}.{going_on} "

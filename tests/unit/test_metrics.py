@@ -28,8 +28,9 @@ def events_dir(tmp_path):
     folder.mkdir()
     for as_tensor, steps in ((False, range(1, 6)), (True, range(6, 11))):  # a resumed run: two files
         writer = EventFileWriter(str(folder), filename_suffix=f".part{int(as_tensor)}")
-        for step in steps:
-            writer.add_event(scalar_event(step, "rewards/train/score/mean", step / 10, as_tensor))
+        for step in steps:  # as tunix writes them: rollout metrics of step N at N-1, jax/* timings at 0
+            writer.add_event(scalar_event(step - 1, "rewards/train/score/mean", step / 10, as_tensor))
+            writer.add_event(scalar_event(0, "jax/core/compile/backend_compile_duration", 1.5, as_tensor))
             writer.add_event(scalar_event(step, "actor/train/loss", 1 / step, as_tensor))
             writer.add_event(scalar_event(step, "actor/train/kl", 0.001 * step, as_tensor))
         writer.close()
@@ -74,6 +75,7 @@ def test_reads_simple_values_and_tensors(events_dir):
     series = metrics.read_events(events_dir)
     assert sorted(series) == ["actor/train/kl", "actor/train/loss", "rewards/train/score/mean"]
     assert sorted(series["actor/train/loss"]) == list(range(1, 11))
+    assert sorted(series["rewards/train/score/mean"]) == list(range(1, 11))  # aligned with the actor's steps
     assert series["rewards/train/score/mean"][3] == pytest.approx(0.3)
     assert series["rewards/train/score/mean"][8] == pytest.approx(0.8)  # from the tensor-form file
 
@@ -84,6 +86,7 @@ def test_csv(events_dir, tmp_path):
     rows = list(csv.DictReader(path.open()))
     assert len(rows) == 10
     assert rows[0]["step"] == "1" and float(rows[0]["actor/train/loss"]) == pytest.approx(1.0)
+    assert float(rows[0]["rewards/train/score/mean"]) == pytest.approx(0.1)
     assert float(rows[9]["actor/train/kl"]) == pytest.approx(0.01)
 
 

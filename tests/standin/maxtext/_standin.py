@@ -2,6 +2,7 @@
 
 Knobs (set through a job's env in the YAML or --arg JOB.env.NAME=VALUE):
 STANDIN_SECONDS: seconds per unit of work; STANDIN_FAIL: exit 1 before finishing;
+STANDIN_PRINT_TOKEN: print the token and terminal escapes (what a careless job might do);
 STANDIN_LOG_MB: write that many MB of debug lines first (a very long log, as debug.rl makes).
 """
 
@@ -30,9 +31,12 @@ def args() -> dict[str, str]:
 
 
 def require_token() -> None:
+    """The real jobs read the gated model with it; STANDIN_PRINT_TOKEN=1 makes a job print it (a leak test)."""
     if not os.environ.get("HF_TOKEN"):
         log("HF_TOKEN is not set: cannot read the gated model")
         sys.exit(3)
+    if os.environ.get("STANDIN_PRINT_TOKEN"):
+        log(f"debug: using token {os.environ['HF_TOKEN']} \x1b[2J\x1b]0;pwned\x07")
 
 
 def log(message: str, level: str = "I", where: str = "standin.py:1") -> None:
