@@ -57,7 +57,7 @@ def open_session(
     """
     files = load.read(jobs_dir())
     pipeline = check_local(files, overrides)
-    if run_name:
+    if run_name is not None:
         check_run_name(run_name)
     sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)

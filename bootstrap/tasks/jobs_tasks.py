@@ -23,7 +23,7 @@ def plan(c, arg=None, json_=False, run_name=None):
     """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi)."""
     files = load.read(jobs_dir())
     check_local(files, arg or [])
-    name = check_run_name(run_name) if run_name else runs.current_run()
+    name = check_run_name(run_name) if run_name is not None else runs.current_run()
     built = build(files, arg or [], name or PLACEHOLDER_RUN)
     record = runs.RunRecord.load(name) if name else None
     print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))

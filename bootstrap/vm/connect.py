@@ -9,6 +9,7 @@ fail ends in one line that names the host and the fix, within a connect timeout.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import socket
 import subprocess
@@ -24,6 +25,8 @@ from ..paths import REPO
 
 CONNECT_TIMEOUT_SECONDS = 15
 KEEPALIVE_SECONDS = 30
+# paramiko logs a failed handshake itself ("Exception (client): ..."); fab says it once, in its own words.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 MULTI_HOST = (
     "the SSH backend drives one VM, but {count} hosts were given ({hosts}). MaxText 0.2.3 runs multi-host GRPO "
     "only through Pathways on GKE; use the GKE backend for slices bigger than one VM"
@@ -70,7 +73,8 @@ def connection(c: Context) -> Connection:
         if not outputs.get("hosts"):
             raise UserError("the Pulumi stack has no `hosts` output yet: run `pulumi up` first")
         conn = Connection(one_host(outputs["hosts"]), user=outputs.get("ssh_user"), config=c.config)
-    timeout = conn.connect_timeout or CONNECT_TIMEOUT_SECONDS
+    # fab -t puts the timeout in connect_kwargs as well, which Connection.open then refuses as ambiguous
+    timeout = int(conn.connect_kwargs.pop("timeout", 0)) or conn.connect_timeout or CONNECT_TIMEOUT_SECONDS
     conn.connect_timeout = timeout
     conn.connect_kwargs.setdefault("banner_timeout", timeout)
     conn.connect_kwargs.setdefault("auth_timeout", timeout)

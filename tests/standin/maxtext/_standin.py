@@ -36,7 +36,7 @@ def require_token() -> None:
         log("HF_TOKEN is not set: cannot read the gated model")
         sys.exit(3)
     if os.environ.get("STANDIN_PRINT_TOKEN"):
-        log(f"debug: using token {os.environ['HF_TOKEN']} \x1b[2J\x1b]0;pwned\x07")
+        log(f"Error: the Hub refused token {os.environ['HF_TOKEN']}, retrying \x1b[2J\x1b]0;pwned\x07")
 
 
 def log(message: str, level: str = "I", where: str = "standin.py:1") -> None:
