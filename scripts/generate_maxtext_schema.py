@@ -1,4 +1,4 @@
-"""Write bootstrap/maxtext_schema.json from the real maxtext package.
+"""Write bootstrap/jobs/maxtext_schema.json from the real maxtext package.
 
 The local job check (bootstrap/jobcheck.py) validates MaxText keys without
 importing MaxText (which needs JAX and Python 3.12). It reads the facts it
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-OUTPUT = Path(__file__).resolve().parent.parent / "bootstrap" / "maxtext_schema.json"
+OUTPUT = Path(__file__).resolve().parent.parent / "bootstrap" / "jobs" / "maxtext_schema.json"
 FLAG_PATTERNS = (
     re.compile(r"add_argument\(\s*\"--([\w-]+)\""),
     re.compile(r"flags\.DEFINE_\w+\(\s*\"(\w+)\""),

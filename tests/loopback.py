@@ -62,8 +62,8 @@ class Host:
 
 
 @contextmanager
-def loopback_host(root: Path) -> Iterator[Host]:
-    """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit."""
+def loopback_host(root: Path, extra_env: dict[str, str] | None = None) -> Iterator[Host]:
+    """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit. `extra_env`: the VM's environment."""
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key"], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "user_key"], check=True)
@@ -76,7 +76,9 @@ def loopback_host(root: Path) -> Iterator[Host]:
     config = root / "sshd_config"
     # The machine's own network settings (CA bundle, proxy, index), as a VM would have its own.
     passed = " ".join(
-        f"{k}={v}" for k, v in os.environ.items() if k in NETWORK_ENV or k.startswith("UV_") and " " not in v
+        f"{k}={v}"
+        for k, v in {**os.environ, **(extra_env or {})}.items()
+        if k in NETWORK_ENV or k.startswith("UV_") and " " not in v or k in (extra_env or {})
     )
     config.write_text(
         f"""Port {port}
@@ -89,7 +91,7 @@ UsePAM no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
-SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin TPU_RL_POLL_SECONDS=0.2 {passed}
+SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin {passed}
 Subsystem sftp internal-sftp
 ClientAliveInterval 5
 """

@@ -14,6 +14,7 @@ from bootstrap.remote import jobrunner
 from scripts import maxtext_config_env
 
 CHECK = REPO / "bootstrap" / "remote" / "maxtext_check.py"
+pytestmark = pytest.mark.maxtext
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_the_job_runner_validates_before_starting_the_job(maxtext_python, tmp_pa
     """What runs on the VM before each job: a rejected argument fails in seconds, the job never starts."""
     outputs = tmp_path / "never-written"
     spec = {
-        "module": "maxtext.trainers.post_train.rl.train_rl",
+        "name": "train",
         "argv": [
             str(maxtext_python),
             "-m",
@@ -76,7 +77,7 @@ def test_the_job_runner_validates_before_starting_the_job(maxtext_python, tmp_pa
         "validate": [str(CHECK), "maxtext.trainers.post_train.rl.train_rl"],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert jobrunner.run(str(tmp_path)) == 2
+    assert jobrunner._Job(str(tmp_path)).run() == 2
     log = (tmp_path / "log").read_text()
     assert "MAXTEXT CONFIG ERROR" in log and "loss_algo" in log
     assert "[tpu-rl] starting" not in log

@@ -145,7 +145,7 @@ def write_model(folder: Path, config: dict) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def write_hub_cache(hf_home: Path, tokenizer_dir: Path, config: dict) -> None:
+def write_hub_cache(hf_home: Path, tokenizer_dir: Path, model_dir: Path, config: dict) -> None:
     """What the Hub would have put in HF_HOME for HF_ID, so that HF_HUB_OFFLINE=1 serves it."""
     repo = hf_home / "hub" / f"models--{HF_ID.replace('/', '--')}"
     snapshot = repo / "snapshots" / SNAPSHOT
@@ -155,6 +155,7 @@ def write_hub_cache(hf_home: Path, tokenizer_dir: Path, config: dict) -> None:
     for path in tokenizer_dir.iterdir():
         (snapshot / path.name).write_bytes(path.read_bytes())
     (snapshot / "config.json").write_text(json.dumps(config, indent=1))
+    (snapshot / "model.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes())
     generation = {
         "bos_token_id": config["bos_token_id"],
         "do_sample": True,
@@ -170,7 +171,7 @@ def main(out: Path) -> None:
     tokenizer = write_tokenizer(out / "tokenizer", texts)
     config = model_config(tokenizer)
     write_model(out / "hf_model", config)
-    write_hub_cache(out / "hf_home", out / "tokenizer", config)
+    write_hub_cache(out / "hf_home", out / "tokenizer", out / "hf_model", config)
     print(out)
 
 

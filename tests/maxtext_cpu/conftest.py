@@ -1,0 +1,93 @@
+"""The real MaxText 0.2.3 pipeline on CPU through the product: `pytest -m maxtext tests/maxtext_cpu`."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests import hubstub
+from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
+
+HERE = Path(__file__).resolve().parent
+# Cached between runs like the validator's venv: the setup job keeps a venv already built for its spec.
+VENV = Path(os.environ.get("TPU_RL_CPU_VENV") or Path.home() / ".cache" / "tpu-rl" / "maxtext-0.2.3-cpu")
+TINY = [
+    "override_model_config=True",
+    "base_emb_dim=64",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=128",  # the converter takes head_dim and the layer count (32) from its 8B table
+    "base_mlp_dim=128",
+    "vocab_size=512",
+]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "/tests/maxtext_cpu/" in str(item.fspath):
+            item.add_marker(pytest.mark.maxtext)
+
+
+def environment() -> dict:
+    """maxtext 0.2.3 without extras, the CPU dependency set (pinned), tunix without its dependencies."""
+    pins = (HERE / "requirements-cpu.txt").read_text().split()
+    return {
+        "python": "3.12",
+        "venv": str(VENV),
+        "packages": ["maxtext==0.2.3", *pins],
+        "post_install": ["uv pip install --no-deps google-tunix==0.1.7"],
+    }
+
+
+def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
+    """What a user passes with --arg to run the shipped jobs on the tiny model, on CPU."""
+    args = [f"{job}.{setting}" for job in ("convert", "train", "export") for setting in TINY]
+    return [
+        *args,
+        f"vars.num_batches={num_batches}",
+        f"vars.hf_home={inputs}/hf_home",
+        "convert.--lazy_load_tensors=True",
+        f"convert.--hf_model_path={inputs}/hf_model",
+        f"train.tokenizer_path={inputs}/tokenizer",
+        f"train.hf_train_files={inputs}/gsm8k/train.parquet",
+        f"train.hf_eval_files={inputs}/gsm8k/test.parquet",
+        "train.max_prefill_predict_length=128",
+        "train.max_target_length=160",
+        "train.num_test_batches=2",
+        "train.rl.num_generations=2",
+        "train.eval_interval=2",
+        "train.log_period=1",
+        "train.debug.rl=false",
+        "train.use_standalone_converter=true",  # the branch that takes a rollout class: the CPU sampler
+        "train.env.MAXTEXT_CPU_ROLLOUT=1",
+        f"train.env.PYTHONPATH={HERE / 'shim'}",
+        "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's
+    ]
+
+
+@pytest.fixture(scope="session")
+def cpu_host(tmp_path_factory):
+    """The loopback "VM": no TPU (JAX on CPU), no Hub (the Hugging Face cache is read offline)."""
+    env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with loopback_host(tmp_path_factory.mktemp("sshd"), env) as host:
+        yield host
+
+
+@pytest.fixture(scope="session")
+def cpu_fab(cpu_host, tmp_path_factory) -> Fab:
+    tmp = tmp_path_factory.mktemp("cpu")
+    state, server = hubstub.serve()
+    token = "hf_cpu" + uuid.uuid4().hex
+    state.tokens[token] = hubstub.Token()
+    jobs = tmp / "jobs"
+    write_test_jobs(jobs, tmp, [])
+    edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=environment()))
+    edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True))
+    yield Fab(cpu_host, tmp, token, jobs, state)
+    server.shutdown()
+
+
+__all__ = ["REPO", "overrides"]
