@@ -1,17 +1,20 @@
-"""Measure fab against the loopback SSH host: the numbers issue 4 asks for.
+"""Measure fab against the loopback SSH host (stand-in jobs): the numbers issue 8 asks for.
 
-    .venv/bin/python benchmarks/bench_fab.py [--repeat 5] [--log-mb 500]
+    .venv/bin/python benchmarks/bench_fab.py [--repeat 5] [--seconds 20] [--log-mb 200]
 
-1. wall time of `fab train` when every stage is already done (the no-op re-run);
-2. the time fab adds to one job, against a plain `ssh host 'python -m ...'` running
-   the same stand-in job with the same arguments;
-3. the peak memory (max RSS) of `fab logs` following a job that writes a --log-mb log.
+1. a fresh `fab train` whose setup and prefetch each take --seconds: its wall time against the
+   longer of the two plus the rest (the graph runs them side by side) and against their sum;
+2. `fab train` re-run with everything done, as a ratio to a plain `ssh host true` timed in the same run;
+3. the time fab adds to one job: `fab convert` against a plain `ssh host 'python -m ...'` running the
+   same stand-in job with the same arguments;
+4. the peak memory (max RSS) of `fab logs` following a job that writes a --log-mb log.
 Needs what the SSH tests need (sshd, uv, a Python 3.12). Prints a small table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -24,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bootstrap.jobs import load_pipeline, render  # noqa: E402
+from bootstrap.jobs import load  # noqa: E402
+from bootstrap.jobs.load import render, resolve  # noqa: E402
 from tests import hubstub  # noqa: E402
-from tests.loopback import REPO, Fab, loopback_host, write_test_jobs  # noqa: E402
+from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs  # noqa: E402
 
 
 def timed(fab: Fab, *args: str) -> float:
@@ -37,30 +41,29 @@ def timed(fab: Fab, *args: str) -> float:
     return time.perf_counter() - started
 
 
-def plain_ssh(fab: Fab, work_dir: Path) -> float:
+def ssh(fab: Fab, command: str) -> float:
+    """A plain OpenSSH client running `command`: the floor any remote tool stands on."""
+    host = fab.host
+    argv = ["ssh", "-q", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-i", str(host.key)]
+    started = time.perf_counter()
+    subprocess.run([*argv, "-p", str(host.port), f"{host.user}@127.0.0.1", command], check=True)
+    return time.perf_counter() - started
+
+
+def plain_convert(fab: Fab, work_dir: Path) -> float:
     """The convert stand-in run with a bare ssh command: no state, no detach, no checks."""
-    job = next(j for j in render(load_pipeline(fab.jobs, [f"vars.work_dir={work_dir}"])) if j.name == "convert")
+    files = load.read(fab.jobs)
+    job = next(j for j in render(resolve(files, [f"vars.work_dir={work_dir}"])) if j.name == "convert")
     argv = [str(fab.tmp / "venv" / "bin" / "python3"), *job.argv[1:]]
     token_file = fab.tmp / "state" / "secrets" / "HF_TOKEN"
-    command = f"HF_TOKEN=$(cat {token_file}) {shlex.join(argv)} >/dev/null 2>&1"
-    host = fab.host
-    ssh = [
-        "ssh",
-        "-q",
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-i",
-        str(host.key),
-        "-p",
-        str(host.port),
-        f"{host.user}@127.0.0.1",
-        command,
-    ]
-    started = time.perf_counter()
-    subprocess.run(ssh, check=True)
-    return time.perf_counter() - started
+    return ssh(fab, f"HF_TOKEN=$(cat {token_file}) {shlex.join(argv)} >/dev/null 2>&1")
+
+
+def durations(fab: Fab) -> dict[str, float]:
+    """Each job's own run time on the VM, from the local run record (the runner's timestamps)."""
+    run = (fab.tmp / "state" / "current-run").read_text().strip()
+    record = json.loads((fab.tmp / "runs" / run / "record.json").read_text())
+    return {name: info["finished"] - info["started"] for name, info in record["jobs"].items()}
 
 
 def max_rss_mb(process: subprocess.Popen) -> float:
@@ -69,10 +72,19 @@ def max_rss_mb(process: subprocess.Popen) -> float:
     return usage.ru_maxrss / 1024
 
 
+def slow_setup_and_prefetch(fab: Fab, seconds: int) -> None:
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["environment"].update(post_install=[f"sleep {seconds}"]))
+    edit_yaml(
+        fab.jobs / "prefetch.yaml",
+        lambda d: d.update(command=["sh", "-c", f'sleep {seconds} && exec "$@"', "sh", *d["command"]]),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--log-mb", type=int, default=500)
+    parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--log-mb", type=int, default=200)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory, loopback_host(Path(directory) / "sshd") as host:
         tmp = Path(directory)
@@ -81,24 +93,26 @@ def main() -> None:
         hub.tokens[token] = hubstub.Token()
         jobs = tmp / "jobs"
         write_test_jobs(jobs, tmp, [str(REPO / "tests" / "standin")])
+        slow_setup_and_prefetch(Fab(host, tmp, token, jobs, hub), args.seconds)
         fab = Fab(host, tmp, token, jobs, hub)
 
         first = timed(fab, "train", "--arg", "vars.num_batches=4")
-        reruns = [timed(fab, "train", "--arg", "vars.num_batches=4") for _ in range(args.repeat)]
+        took = durations(fab)
+        rest = sum(took[job] for job in ("convert", "train", "export"))
+        reruns, trues = [], []
+        for _ in range(args.repeat):
+            reruns.append(timed(fab, "train", "--arg", "vars.num_batches=4"))
+            trues.append(ssh(fab, "true"))
 
         with_fab = [timed(fab, "convert", "--arg", f"vars.work_dir={tmp}/fab{i}") for i in range(args.repeat)]
-        with_ssh = [plain_ssh(fab, tmp / f"ssh{i}") for i in range(args.repeat)]
+        with_ssh = [plain_convert(fab, tmp / f"ssh{i}") for i in range(args.repeat)]
 
         big = ("--arg", f"vars.work_dir={tmp}/big", "--arg", f"convert.env.STANDIN_LOG_MB={args.log_mb}")
         known = set((tmp / "state" / "shared").glob("convert-*"))
         runner = fab.start("convert", *big)
-        while not (
-            new := [
-                p
-                for p in (tmp / "state" / "shared").glob("convert-*")
-                if p not in known and (p / "runner.json").exists()
-            ]
-        ):
+        while not [
+            p for p in (tmp / "state" / "shared").glob("convert-*") if p not in known and (p / "runner.json").exists()
+        ]:
             time.sleep(0.2)
         follower = subprocess.Popen(
             fab.command("logs", "--job", "convert", *big),
@@ -107,20 +121,26 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         logs_rss = max_rss_mb(follower)
-        train_rss = max_rss_mb(runner)
-        log_mb = (new[0] / "log").stat().st_size / 2**20
+        max_rss_mb(runner)
         server.shutdown()
 
     median = statistics.median
-    print(f"fab train, first run (setup + 3 jobs, stand-ins)     {first:7.2f} s")
+    print(f"fresh fab train, setup {took['setup']:.1f} s and prefetch {took['prefetch']:.1f} s  {first:7.2f} s")
     print(
-        f"fab train, re-run with everything done (median of {args.repeat}) {median(reruns):7.2f} s   (min {min(reruns):.2f}, max {max(reruns):.2f})"
+        f"  as a ratio to the longer of the two plus the rest               {first / (max(took['setup'], took['prefetch']) + rest):7.2f}"
     )
-    print(f"one job through fab convert (median)                 {median(with_fab):7.2f} s")
-    print(f"the same job through plain ssh (median)              {median(with_ssh):7.2f} s")
-    print(f"overhead fab adds per job                            {median(with_fab) - median(with_ssh):7.2f} s")
-    print(f"fab logs following a {log_mb:.0f} MB log: peak RSS        {logs_rss:7.1f} MB")
-    print(f"fab convert following the same log: peak RSS          {train_rss:7.1f} MB")
+    print(
+        f"  as a ratio to their sum plus the rest                           {first / (took['setup'] + took['prefetch'] + rest):7.2f}"
+    )
+    print(f"fab train re-run, everything done (median of {args.repeat})                 {median(reruns):7.2f} s")
+    print(f"plain `ssh host true` (median)                                    {median(trues):7.2f} s")
+    print(f"  re-run as a ratio to ssh true                                   {median(reruns) / median(trues):7.2f}")
+    print(f"one job through fab convert (median)                              {median(with_fab):7.2f} s")
+    print(f"the same job through plain ssh (median)                           {median(with_ssh):7.2f} s")
+    print(
+        f"  overhead fab adds per job                                       {median(with_fab) - median(with_ssh):7.2f} s"
+    )
+    print(f"fab logs following a {args.log_mb} MB log: peak RSS                        {logs_rss:7.1f} MB")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ..paths import runs_dir
@@ -14,7 +14,7 @@ CURRENT = "current"
 
 def new_run_name() -> str:
     """MaxText's run name, as the reference makes it: $(date +%Y-%m-%d-%H-%M-%S)."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%d-%H-%M-%S")
+    return datetime.now(UTC).strftime("%Y-%m-%d-%H-%M-%S")
 
 
 def minutes(state: dict) -> float | None:
