@@ -18,13 +18,14 @@ from types import MappingProxyType
 from ..errors import UserError
 from ..remote.jobrunner import Layout
 from . import check, environment
-from .load import SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
+from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
 from .spec import PipelineSpec
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 PLACEHOLDER_RUN = "<run_name>"
 _OTHER_RUN = "~another-run~"  # never a valid run name, so it cannot collide with a real one
+VALIDATE = "validate"  # MaxText's own check of every job's arguments, before the first job
 
 
 def check_run_name(name: str, source: str = "--run-name") -> str:
@@ -112,6 +113,29 @@ def _setup_job(spec: PipelineSpec, layout: Layout) -> PlannedJob:
     return PlannedJob(SETUP, job_dir, runner_spec(layout, SETUP, argv, [ready, env.python_path]), shared=True)
 
 
+def validation_args(jobs: list[RenderedJob]) -> list[str]:
+    """maxtext_check.py's arguments for every MaxText job: `--job NAME MODULE ARGS...` each.
+
+    Values looked up on the VM when a job starts (the last checkpoint step) are not known
+    yet: 0 stands in, which MaxText's checks accept wherever a step or path goes.
+    """
+    words = []
+    for job in jobs:
+        if job.module:
+            words += ["--job", job.name, job.module, *(DEFERRED.sub("0", a) for a in job.argv[3:])]
+    return words
+
+
+def _validate_job(spec: PipelineSpec, layout: Layout, jobs: list[RenderedJob]) -> PlannedJob:
+    """MaxText's own validator on every job at once, as soon as the environment exists: a rejected
+    argument of export fails in seconds, before convert and train spend anything."""
+    words = validation_args(jobs)
+    job_dir = layout.shared(VALIDATE, hashlib.sha256(json.dumps(words).encode()).hexdigest()[:12])
+    marker = f"{job_dir}/accepted"
+    argv = [spec.environment.python_path, layout.tool("maxtext_check.py"), "--marker", marker, *words]
+    return PlannedJob(VALIDATE, job_dir, runner_spec(layout, VALIDATE, argv, [marker]), (SETUP,), shared=True)
+
+
 def _job_key(job: RenderedJob) -> str:
     return hashlib.sha256(json.dumps([job.argv, job.env, job.outputs, job.after]).encode()).hexdigest()[:12]
 
@@ -129,18 +153,12 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         if shared:
             shared_names.add(job.name)
         job_dir = layout.shared(job.name, _job_key(job)) if shared else layout.run_job(run_name, job.name)
-        validate = [layout.tool("maxtext_check.py"), job.module] if job.module and spec.vm.validate_args else None
         runner = runner_spec(
-            layout,
-            job.name,
-            job.argv,
-            job.outputs,
-            env=job.env,
-            secrets=job.secrets,
-            cwd=job.cwd,
-            validate=validate,
-            after=job.after,
+            layout, job.name, job.argv, job.outputs, env=job.env, secrets=job.secrets, cwd=job.cwd, after=job.after
         )
-        planned.append(PlannedJob(job.name, job_dir, runner, tuple(job.needs), shared, job))
+        needs = (*job.needs, VALIDATE) if job.module and spec.vm.validate_args else tuple(job.needs)
+        planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job))
+    if spec.vm.validate_args:
+        planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
     secrets = sorted({name for job in pipeline.jobs.values() for name in job.spec.secrets})
     return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), tuple(secrets))

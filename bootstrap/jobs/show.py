@@ -43,13 +43,15 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
     if info.get("last_seen"):
         lines.append("last seen: " + ", ".join(f"{j} {s}" for j, s in info["last_seen"].items()))
     lines += ["", f"0. setup: build the environment {plan.spec.environment.venv_path} (when its spec changed)"]
+    if plan.spec.vm.validate_args:
+        lines.append("   validate: then MaxText's own validator on every job's arguments, before any job starts")
     for number, planned in enumerate((j for j in plan.jobs if j.rendered is not None), 1):
         job = planned.rendered
         head = job.argv[:3] if job.module else job.argv[:1]
         lines += [
             "",
             f"{number}. {job.name}: {job.description}",
-            f"   needs:   {', '.join(job.needs) or '-'}",
+            f"   needs:   {', '.join(planned.needs) or '-'}",
             f"   folder:  {planned.job_dir}{' (shared by runs)' if planned.shared else ''}",
             "   env:     " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in _env(job).items()) or "-"),
             "   argv:    "

@@ -278,11 +278,6 @@ class _Job:
 
     def start(self, env: dict, log) -> tuple[int, str | None]:
         argv = [_expand(a) for a in self.spec["argv"]]
-        if self.spec.get("validate"):
-            self.note(log, "checking the arguments with MaxText's own validator")
-            validate = [_expand(a) for a in self.spec["validate"]]
-            if self.step([argv[0], *validate, *argv[3:]], env, log):
-                return 2, "MaxText rejected the arguments"
         self.note(log, f"starting {self.spec['name']}")
         exit_code = self.step(argv, env, log)
         for after in self.spec.get("after") or []:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bootstrap.jobs import load
+from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import jobrunner
 from scripts import maxtext_config_env
 
 CHECK = REPO / "bootstrap" / "remote" / "maxtext_check.py"
@@ -58,31 +58,24 @@ def test_maxtext_rejects_bad_args_with_its_own_error(maxtext_python, args, messa
     assert len(result.stdout) < 1200  # one line, not MaxText's 700-line config dump
 
 
-def test_the_job_runner_validates_before_starting_the_job(maxtext_python, tmp_path):
-    """What runs on the VM before each job: a rejected argument fails in seconds, the job never starts."""
-    outputs = tmp_path / "never-written"
-    spec = {
-        "name": "train",
-        "argv": [
-            str(maxtext_python),
-            "-m",
-            "maxtext.trainers.post_train.rl.train_rl",
-            "model_name=llama3.1-8b-Instruct",
-            "rl.loss_algo=bogus",
-        ],
-        "env": {},
-        "secrets": [],
-        "outputs": [str(outputs)],
-        "cwd": str(tmp_path),
-        "validate": [str(CHECK), "maxtext.trainers.post_train.rl.train_rl"],
-    }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert jobrunner._Job(str(tmp_path)).run() == 2
-    log = (tmp_path / "log").read_text()
-    assert "MAXTEXT CONFIG ERROR" in log and "loss_algo" in log
-    assert "[tpu-rl] starting" not in log
-    assert json.loads((tmp_path / "result.json").read_text())["error"] == "MaxText rejected the arguments"
-    assert not (tmp_path / "done").exists()
+def test_the_validate_job_checks_every_job_at_once_and_marks_only_full_acceptance(maxtext_python, tmp_path):
+    """What runs on the VM once setup is done: one rejected argument of any job fails the check in seconds,
+    before convert and train spend anything; the marker (the job's output) appears only when all pass."""
+    plan = build(load.read(REPO / "jobs"), ["export.rl.loss_algo=bogus"], "run-1")
+    validate = plan.job("validate")
+    assert validate.needs == ("setup",) and all("validate" in plan.job(n).needs for n in ("convert", "train", "export"))
+    words = validate.runner_spec["argv"][4:]
+    assert words.count("--job") == 3 and "load_parameters_path=" in " ".join(words)
+    marker = tmp_path / "accepted"
+    bad = subprocess.run([maxtext_python, CHECK, "--marker", marker, *words], capture_output=True, text=True)
+    assert bad.returncode == 2
+    lines = bad.stdout.splitlines()
+    assert lines[0].startswith("convert: ok:") and lines[1].startswith("train: ok:")
+    assert lines[2].startswith("export: MAXTEXT CONFIG ERROR") and "loss_algo" in lines[2]
+    assert not marker.exists()
+    good = build(load.read(REPO / "jobs"), [], "run-1").job("validate").runner_spec["argv"][4:]
+    assert subprocess.run([maxtext_python, CHECK, "--marker", marker, *good]).returncode == 0
+    assert marker.read_text() == "3 jobs accepted\n"
 
 
 def test_schema_file_matches_the_real_package(maxtext_python):

@@ -51,12 +51,13 @@ def test_each_job_logs_its_real_completion_lines_and_status_shows_them_done(cpu_
     assert "RL Training Completed Successfully!" in train and "Post RL Training: corr=" in train
     export = job_log(cpu_fab, run, "export")
     assert "MaxText model successfully saved in HuggingFace format at" in export
-    for log in (job_log(cpu_fab, run, job) for job in ("convert", "train", "export")):
-        assert "[tpu-rl] checking the arguments with MaxText's own validator" in log and "ok: maxtext." in log
+    validate = job_log(cpu_fab, run, "validate")  # MaxText's own check of all three, before any started
+    for job, module in (("convert", "to_maxtext"), ("train", "train_rl"), ("export", "to_huggingface")):
+        assert f"{job}: ok: maxtext." in validate and module in validate
     status = cpu_fab("status", *run["args"])
     assert status.returncode == 0, status.stderr
     rows = {line.split()[1]: line for line in status.stdout.splitlines() if line.startswith("│ ")}
-    for job in ("setup", "prefetch", "convert", "train", "export"):
+    for job in ("setup", "validate", "prefetch", "convert", "train", "export"):
         assert " done " in rows[job], status.stdout
 
 
@@ -108,7 +109,7 @@ def test_a_rerun_is_a_no_op_and_a_lost_export_runs_alone_again(cpu_fab: Fab, run
     again = cpu_fab("train", *run["args"], timeout=600)
     assert again.returncode == 0, again.stderr
     assert "starting" not in again.stdout
-    assert again.stdout.count("done already") == 5
+    assert again.stdout.count("done already") == 6
     shutil.rmtree(run["work"] / "hf-trained" / run["run"])  # as a VM restart wipes /dev/shm
     redo = cpu_fab("train", *run["args"], timeout=900)
     assert redo.returncode == 0, redo.stdout[-3000:] + redo.stderr
