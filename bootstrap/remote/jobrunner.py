@@ -41,7 +41,7 @@ DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 LOCK_SILENCE_SECONDS = 90
 LAUNCH_WAIT_SECONDS = 60
-FOLLOW_POLL_SECONDS = 0.2
+FOLLOW_POLL_SECONDS = 0.05
 READ_CHUNK = 64 * 1024
 
 # The files of a job folder.

@@ -68,24 +68,25 @@ def open_session(
     conn = connect.connection(c)
     console.print(f"connecting to {conn.host} ({'-H' if isinstance(c, type(conn)) else 'Pulumi stack outputs'})")
     vm = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
-    vm.prepare()
-    name, why = choose_run(vm, run_name, new_run)
+    name, why = choose_run(vm, vm.install(), run_name, new_run)
     console.print(f"run {name} ({why}) on {vm.name}")
     return Session(build(files, overrides, name), vm, console, runs.RunRecord.load(name), values, overrides=overrides)
 
 
-def choose_run(vm: Vm, requested: str | None, new: bool) -> tuple[str, str]:
+def choose_run(vm: Vm, current: str | None, requested: str | None, new: bool) -> tuple[str, str]:
     """The run to work on and why: asked for, the VM's current one, or a new one."""
     if requested:
         return requested, "given with --run-name"
-    if not new and (current := vm.current_run()):
+    if not new and current:
         return check_run_name(current, f"{vm.name}:{vm.layout.current_run}"), "the VM's current run"
     return runs.new_run_name(), "a new run"
 
 
 def prepare(session: Session) -> None:
     """Inside the lock: the run and the secrets on the VM, and the VM ready."""
-    for line in session.vm.prepare(session.plan.run_name, session.secrets):
-        console.print(f"{session.vm.name}: {line}")
     vm_spec = session.plan.spec.vm
-    session.vm.wait_for_startup(vm_spec.startup_marker, vm_spec.startup_log, console)
+    changed, ready = session.vm.prepare(session.plan.run_name, session.secrets, vm_spec.startup_marker)
+    for line in changed:
+        console.print(f"{session.vm.name}: {line}")
+    if not ready:
+        session.vm.wait_for_startup(vm_spec.startup_marker, vm_spec.startup_log, console)

@@ -40,6 +40,11 @@ LOCK_LOST_SECONDS = 45  # well before the VM side lets go (jobrunner.LOCK_SILENC
 STARTUP_WAIT_SECONDS = 30 * 60
 
 
+def _current_run(listing: str) -> str | None:
+    line = next((line for line in listing.splitlines() if line.startswith("current-run")), "")
+    return line.removeprefix("current-run").strip() or None
+
+
 class LockLost(UserError):
     """The VM's lock went with the connection: stop before doing anything unlocked."""
 
@@ -192,43 +197,60 @@ class Vm:
 
     # --- the interface ------------------------------------------------------------------------
 
-    def prepare(self, run_name: str | None = None, secrets: dict[str, str] | None = None) -> list[str]:
-        """The state folder (private), tpu-rl's tools (when they changed), the run, the secrets.
+    def install(self) -> str | None:
+        """One round trip: the private state folder, and tpu-rl's tools put only when they changed.
 
-        Returns what changed, one line each. Secrets travel inside the SFTP stream, never on a command line.
+        Returns the VM's current run (the one later commands continue), if any.
         """
         q = shlex.quote
-        done = []
-        bin_dir = self.layout.bin
-        code, out, _ = self.execute(
-            f"mkdir -p {q(bin_dir)} {q(self.layout.secrets)} && chmod 700 {q(self.layout.root)} {q(self.layout.secrets)}"
-            f" && cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null; "
-            f"cd && sha256sum {' '.join(q(f'{self.layout.secrets}/{n}') for n in (secrets or {}))} 2>/dev/null; true"
+        root, bin_dir = self.layout.root, self.layout.bin
+        out = self.check(
+            f"mkdir -p {q(bin_dir)} {q(self.layout.secrets)} && chmod 700 {q(root)} {q(self.layout.secrets)}"
+            f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
+            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); true)",
+            "preparing the state folder",
         )
-        remote = {path.rsplit("/", 1)[-1]: digest for digest, path in (line.split() for line in out.splitlines())}
+        fields = {line.split()[1]: line.split()[0] for line in out.splitlines() if len(line.split()) == 2}
         sftp = self.conn.sftp()
         for tool in TOOLS:
             local = REMOTE_SCRIPTS / tool
-            if remote.get(tool) != hashlib.sha256(local.read_bytes()).hexdigest():
-                sftp.put(str(local), self._sftp_path(f"{bin_dir}/{tool}"))
-        for name, value in (secrets or {}).items():
-            path = self._sftp_path(f"{self.layout.secrets}/{name}")
-            if remote.get(name) != hashlib.sha256(value.encode()).hexdigest():
-                with sftp.open(path, "w") as f:
-                    f.chmod(0o600)
-                    f.write(value.encode())
-                done.append(f"stored {name} (readable only by the SSH user)")
-            sftp.chmod(path, 0o600)  # a file found with a wider mode is fixed, not refused
-        self.check(self.runner("prepare", self.layout.root, *([run_name] if run_name else [])), "preparing the VM")
-        return done
+            if fields.get(tool) != hashlib.sha256(local.read_bytes()).hexdigest():
+                with self._io():
+                    sftp.put(str(local), self._sftp_path(f"{bin_dir}/{tool}"))
+        return _current_run(out)
+
+    def prepare(self, run_name: str, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
+        """Inside the lock, one round trip: record the run, compare the secrets, ask whether the VM is ready.
+
+        Returns what changed (one line each) and whether the startup script has finished.
+        Secrets travel inside the SFTP stream, never on a command line.
+        """
+        q = shlex.quote
+        paths = {name: f"{self.layout.secrets}/{name}" for name in secrets}
+        out = self.check(
+            f"{self.runner('prepare', self.layout.root, run_name)} && (cd && sha256sum {' '.join(map(q, paths.values()))}"
+            f" 2>/dev/null; test -f {q(startup_marker)} && echo startup done; true)",
+            "preparing the VM",
+        )
+        lines = out.splitlines()
+        digests = {
+            path: digest for digest, path in (line.split(maxsplit=1) for line in lines if line != "startup done")
+        }
+        done, sftp = [], self.conn.sftp()
+        for name, value in secrets.items():
+            path = self._sftp_path(paths[name])
+            with self._io():
+                if digests.get(paths[name]) != hashlib.sha256(value.encode()).hexdigest():
+                    with sftp.open(path, "w") as f:
+                        f.chmod(0o600)
+                        f.write(value.encode())
+                    done.append(f"stored {name} (readable only by the SSH user)")
+                sftp.chmod(path, 0o600)  # a file found with a wider mode is fixed, not refused
+        return done, "startup done" in lines
 
     def _sftp_path(self, path: str) -> str:
         """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""
         return path[2:] if path.startswith("~/") else path
-
-    def current_run(self) -> str | None:
-        code, out, _ = self.execute(f"cat {shlex.quote(self.layout.current_run)} 2>/dev/null")
-        return out.strip() or None
 
     def launch(self, job: PlannedJob) -> JobStatus:
         """Start a job detached; returns once the runner has recorded it (or raises with its error)."""

@@ -63,7 +63,7 @@ def test_launch_returns_only_once_the_runner_has_recorded_the_job_even_under_loa
         "127.0.0.1", user=ssh_host.user, port=ssh_host.port, connect_kwargs={"key_filename": str(ssh_host.key)}
     )
     vm = Vm(open_connection(conn), Layout(str(tmp_path / "state")))
-    vm.prepare()
+    vm.install()
     with cpu_burners():
         for number in range(12):
             out = tmp_path / f"out{number}"

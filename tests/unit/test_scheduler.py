@@ -119,7 +119,9 @@ def test_everything_done_is_a_no_op(tmp_path, monkeypatch):
 
 
 def test_a_running_job_is_followed_not_started_again(tmp_path, monkeypatch):
-    vm = FakeVm({"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.DONE})
+    vm = FakeVm(
+        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.DONE}
+    )
     vm.state[PLAN.job("train").job_dir] = JobStatus(JobState.RUNNING)
 
     def finish(fake, job_dir):
@@ -133,7 +135,9 @@ def test_a_running_job_is_followed_not_started_again(tmp_path, monkeypatch):
 
 
 def test_a_log_stream_that_ends_while_the_job_runs_is_followed_again_never_failed(tmp_path, monkeypatch):
-    vm = FakeVm({"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.DONE})
+    vm = FakeVm(
+        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.DONE}
+    )
     vm.state[PLAN.job("train").job_dir] = JobStatus(JobState.RUNNING)
     follows = []
 
@@ -150,7 +154,9 @@ def test_a_log_stream_that_ends_while_the_job_runs_is_followed_again_never_faile
 
 
 def test_a_failed_job_stops_the_graph_with_a_hint_that_works_as_printed(tmp_path, monkeypatch):
-    vm = FakeVm({"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE}, after_launch=JobState.FAILED)
+    vm = FakeVm(
+        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE}, after_launch=JobState.FAILED
+    )
     s, out = session(vm, tmp_path, monkeypatch)
     with pytest.raises(UserError) as raised:
         run_jobs(s, list(PLAN.jobs))
@@ -163,7 +169,10 @@ def test_a_failed_job_stops_the_graph_with_a_hint_that_works_as_printed(tmp_path
 
 
 def test_an_interrupted_runner_shows_its_own_errors(tmp_path, monkeypatch):
-    vm = FakeVm({"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE}, after_launch=JobState.INTERRUPTED)
+    vm = FakeVm(
+        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE},
+        after_launch=JobState.INTERRUPTED,
+    )
     s, out = session(vm, tmp_path, monkeypatch)
     with pytest.raises(UserError, match="convert interrupted on vm"):
         run_jobs(s, [PLAN.job("convert")])
@@ -183,7 +192,9 @@ def test_a_lost_lock_stops_before_anything_else_is_started(tmp_path, monkeypatch
 
 
 def test_a_single_job_needs_its_dependencies_done(tmp_path, monkeypatch):
-    vm = FakeVm({"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.FAILED})
+    vm = FakeVm(
+        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.FAILED}
+    )
     s, _ = session(vm, tmp_path, monkeypatch)
     with pytest.raises(UserError, match="train needs convert, which is failed: run fab train first"):
         run_jobs(s, [PLAN.job("setup"), PLAN.job("train")])
