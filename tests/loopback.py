@@ -2,7 +2,7 @@
 
 Shared by the SSH tests (tests/ssh/conftest.py) and the benchmarks.
 
-The loopback host plays the TPU VM: its PATH offers uv and a Python 3.12 (as the
+The loopback host plays the TPU VM: its PATH offers uv and (last) a Python 3.12 (as the
 startup script leaves the VM), and jobs/ is the real one with the test settings
 below: state and "/dev/shm" under a temp dir, no TPU chips, and the stand-in
 maxtext package (tests/standin) installed by `fab setup` in place of the real one.
@@ -71,7 +71,7 @@ def loopback_host(root: Path, extra_env: dict[str, str] | None = None) -> Iterat
     bin_dir = root / "bin"
     bin_dir.mkdir()
     (bin_dir / "uv").symlink_to(shutil.which("uv") or Path(sys.executable).with_name("uv"))
-    (bin_dir / "python3.12").symlink_to(python312())
+
     port = _free_port()
     config = root / "sshd_config"
     # The machine's own network settings (CA bundle, proxy, index), as a VM would have its own.
@@ -91,7 +91,7 @@ UsePAM no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
-SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin {passed}
+SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin:{Path(python312()).parent} {passed}
 Subsystem sftp internal-sftp
 ClientAliveInterval 5
 """

@@ -39,7 +39,7 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
         "set -euo pipefail",
         'export PATH="$HOME/.local/bin:$PATH"',
         'step() { echo "==> $*"; }',
-        f'if [ "$(cat "{stamp}" 2>/dev/null)" = {digest(env)} ]; then',
+        f'if [ "$(cat "{stamp}" 2>/dev/null)" = {digest(env)} ] && "{venv}/bin/python" -c "" 2>/dev/null; then',
         f'  step "environment already built for this spec ({venv})"',
         "else",
         "  step uv",

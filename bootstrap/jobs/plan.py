@@ -128,7 +128,7 @@ def validation_args(jobs: list[RenderedJob]) -> list[str]:
 
 def _validate_job(spec: PipelineSpec, layout: Layout, jobs: list[RenderedJob]) -> PlannedJob:
     """MaxText's own validator on every job at once, as soon as the environment exists: a rejected
-    argument of export fails in seconds, before convert and train spend anything."""
+    argument of export fails in seconds, before train spends anything."""
     words = validation_args(jobs)
     job_dir = layout.shared(VALIDATE, hashlib.sha256(json.dumps(words).encode()).hexdigest()[:12])
     marker = f"{job_dir}/accepted"
@@ -148,6 +148,7 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
     layout = Layout(spec.vm.state_dir)
     planned = [_setup_job(spec, layout)]
     shared_names = {SETUP}
+    modules: set[str] = set()
     for job in render(pipeline):
         shared = job == other[job.name] and all(need in shared_names for need in job.needs)
         if shared:
@@ -156,7 +157,12 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         runner = runner_spec(
             layout, job.name, job.argv, job.outputs, env=job.env, secrets=job.secrets, cwd=job.cwd, after=job.after
         )
-        needs = (*job.needs, VALIDATE) if job.module and spec.vm.validate_args else tuple(job.needs)
+        # A MaxText job after another one waits for the check of all of them; the first (convert) does not:
+        # MaxText checks its arguments at its own start, in seconds, and it runs beside the check.
+        follows_module = any(need in modules for need in job.needs)
+        needs = (*job.needs, VALIDATE) if follows_module and spec.vm.validate_args else tuple(job.needs)
+        if job.module:
+            modules.add(job.name)
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job))
     if spec.vm.validate_args:
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))

@@ -101,7 +101,7 @@ def test_a_fresh_vm_runs_setup_and_prefetch_together_then_the_chain(tmp_path, mo
     assert launches == [
         "launch setup",
         "launch prefetch",
-        "launch validate",  # MaxText's check of every job, while prefetch downloads
+        "launch validate",  # MaxText's check of every job, while prefetch downloads and then convert runs
         "preflight",  # once, before the first TPU job
         "launch convert",
         "launch train",
