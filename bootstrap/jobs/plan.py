@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..errors import UserError
@@ -51,9 +51,6 @@ class PlannedJob:
         """A MaxText module: the VM preflight (chips, memory, TPU free) runs before it starts."""
         return self.rendered is not None and self.rendered.module is not None
 
-    @property
-    def outputs(self) -> list[str]:
-        return list(self.runner_spec["outputs"])
 
 
 def runner_spec(layout: Layout, name: str, argv: list[str], outputs: list[str], **extra) -> Mapping:
@@ -72,7 +69,6 @@ class Plan:
     layout: Layout
     jobs: tuple[PlannedJob, ...]  # setup first, then in run order
     base_model: str | None = None  # the Hugging Face repo the model is converted from
-    secret_names: tuple[str, ...] = field(default=())
 
     def job(self, name: str) -> PlannedJob:
         for job in self.jobs:
@@ -166,5 +162,4 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job))
     if spec.vm.validate_args:
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
-    secrets = sorted({name for job in pipeline.jobs.values() for name in job.spec.secrets})
-    return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), tuple(secrets))
+    return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline))
