@@ -52,7 +52,6 @@ class PlannedJob:
         return self.rendered is not None and self.rendered.module is not None
 
 
-
 def runner_spec(layout: Layout, name: str, argv: list[str], outputs: list[str], **extra) -> Mapping:
     """The spec.json of one job: the command, its environment, what decides done."""
     spec = {"name": name, "argv": argv, "env": {}, "secrets": [], "outputs": outputs, "cwd": "~", **extra}
