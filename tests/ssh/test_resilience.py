@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -90,9 +91,12 @@ def test_setup_waits_for_the_startup_script_and_shows_its_log(fab: Fab):
             break
     assert not (fab.tmp / "venv").exists(), "setup must wait for the marker"
     marker.write_text("ok\n")
-    rest, _ = started.communicate(timeout=120)
-    output = "".join(seen) + rest
-    assert started.returncode == 0, output
+    rest: list[str] = []  # read through the same buffered file: communicate() would skip what it holds
+    reader = threading.Thread(target=lambda: rest.append(started.stdout.read()))
+    reader.start()
+    reader.join(timeout=120)
+    assert started.wait(timeout=30) == 0 and rest, seen
+    output = "".join(seen + rest)
     assert "waiting for the startup script" in output
     assert "startup | [tpu-rl startup] apt update and upgrade" in output
     assert os.path.exists(fab.tmp / "venv" / "bin" / "python")
