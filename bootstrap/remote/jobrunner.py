@@ -270,10 +270,11 @@ class _Job:
             if missing:
                 error = f"exited 0 but outputs are missing: {', '.join(missing)}"
                 self.note(log, error)
-        _write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
+        # `done` before the verdict: a reader between the two writes must never see exit 0 without `done` (failed)
         if exit_code == 0 and not missing:
             outputs = sorted(m for p in self.spec["outputs"] for m in glob.glob(os.path.expanduser(p)))
             _write_json(self.path(DONE), {"finished": time.time(), "outputs": outputs})
+        _write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
         return exit_code
 
     def start(self, env: dict, log) -> tuple[int, str | None]:

@@ -174,3 +174,25 @@ def test_lock_answers_pings_and_lets_go_when_the_owner_goes_silent(tmp_path):
     assert holder.wait(timeout=10) == 0  # then a silent owner (stdin still open) loses it
     assert time.monotonic() - started < 5
     holder.stdin.close()
+
+
+def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch):
+    """Found under load: status read between the runner's two last writes said `failed` for a job that exited 0."""
+    out = tmp_path / "out.txt"
+    spec = {
+        "name": "m",
+        "argv": [sys.executable, "-c", f"open({str(out)!r}, 'w').write('x')"],
+        "env": {},
+        "outputs": [str(out)],
+    }
+    (tmp_path / "spec.json").write_text(json.dumps({**spec, "secrets": [], "cwd": str(tmp_path)}))
+    seen = []
+    write = jobrunner._write_json
+
+    def spying_write(path, data):
+        write(path, data)
+        seen.append(jobrunner.job_state(str(tmp_path))["state"])  # what a concurrent `status` would say now
+
+    monkeypatch.setattr(jobrunner, "_write_json", spying_write)
+    assert jobrunner._Job(str(tmp_path)).run() == 0
+    assert "failed" not in seen and seen[-1] == "done"
