@@ -26,20 +26,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
+
 from bootstrap.remote.jobrunner import DEFERRED  # noqa: E402
 from tests import hubstub  # noqa: E402
 from tests.loopback import Fab, edit_yaml, loopback_host, write_test_jobs  # noqa: E402
 from tests.maxtext_cpu.conftest import HERE, VENV, environment, overrides  # noqa: E402
 
 HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def timed(fab: Fab, *args: str) -> float:
-    started = time.perf_counter()
-    result = fab(*args, timeout=3600)
-    if result.returncode != 0:
-        raise SystemExit(f"fab {args[0]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}")
-    return time.perf_counter() - started
 
 
 def by_hand(fab: Fab, args: list[str], steps: int) -> float:
