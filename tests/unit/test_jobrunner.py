@@ -86,8 +86,9 @@ def test_preflight_names_the_process_holding_the_tpu(tmp_path):
     (tmp_path / "vfio").mkdir()
     for chip in ("0", "1"):
         (tmp_path / "vfio" / chip).write_text("")
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"f = open({str(tmp_path / 'vfio' / '1')!r}); import time; time.sleep(60)"]
+    holder = subprocess.Popen(  # holds the chip open until its stdin closes
+        [sys.executable, "-c", f"f = open({str(tmp_path / 'vfio' / '1')!r}); import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 10
