@@ -23,7 +23,8 @@ def digest(env: EnvironmentSpec) -> str:
 def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
     """A bash script that builds the venv and touches `ready_file` only when all of it worked."""
     q = shlex.quote
-    venv = env.venv_path.replace("~", "$HOME", 1) if env.venv_path.startswith("~") else q(env.venv_path)
+    # The spec allows only plain path characters (spec.Folder); quoted all the same.
+    venv = f'"$HOME"/{q(env.venv_path[2:])}' if env.venv_path.startswith("~/") else q(env.venv_path)
     stamp = f"{venv}/{STAMP}"
     install_env = " ".join(f"{q(k)}={q(v)}" for k, v in env.install_env.items())
     install = [
@@ -39,20 +40,20 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
         "set -euo pipefail",
         'export PATH="$HOME/.local/bin:$PATH"',
         'step() { echo "==> $*"; }',
-        f'if [ "$(cat "{stamp}" 2>/dev/null)" = {digest(env)} ] && "{venv}/bin/python" -c "" 2>/dev/null; then',
-        f'  step "environment already built for this spec ({venv})"',
+        f'if [ "$(cat {stamp} 2>/dev/null)" = {digest(env)} ] && {venv}/bin/python -c "" 2>/dev/null; then',
+        f"  step environment already built for this spec {q(env.venv_path)}",
         "else",
         "  step uv",
         "  command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh",
         f"  step Python {q(env.python)}",
         f"  uv python find {q(env.python)} >/dev/null 2>&1 || uv python install {q(env.python)}",
-        f'  step "virtualenv {venv}"',
+        f"  step virtualenv {q(env.venv_path)}",
         # --seed: install_tpu_post_train_extra_deps runs `python -m pip install uv`.
-        f'  uv venv --clear --seed --python {q(env.python)} "{venv}"',
+        f"  uv venv --clear --seed --python {q(env.python)} {venv}",
         f"  step packages {q(' '.join(env.packages))}",
         f"  {'env ' + install_env + ' ' if install_env else ''}{' '.join(install)}",
     ]
     for command in env.post_install:
-        lines += [f"  step {q(command)} '(silent for minutes)'", f'  (source "{venv}/bin/activate" && {command})']
-    lines += [f'  echo {digest(env)} > "{stamp}"', "fi", f"touch {q(ready_file)}", "step environment ready"]
+        lines += [f"  step {q(command)} '(silent for minutes)'", f"  (source {venv}/bin/activate && {command})"]
+    lines += [f"  echo {digest(env)} > {stamp}", "fi", f"touch {q(ready_file)}", "step environment ready"]
     return "\n".join(lines) + "\n"

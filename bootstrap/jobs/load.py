@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from ..errors import Problem, UserError
 from ..remote.jobrunner import Layout
 from . import yamlfile
-from .spec import JobSpec, PipelineSpec
+from .spec import JOB_NAME, JobSpec, PipelineSpec
 
 PIPELINE_FILE = "pipeline.yaml"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -100,8 +100,12 @@ def _validate(model, doc: Loaded, problems: list[Problem]):
         return model.model_validate(doc.data)
     except ValidationError as err:
         for e in err.errors():
-            path = tuple(str(p) for p in e["loc"])
-            message = "unknown key (not part of the schema)" if e["type"] == "extra_forbidden" else e["msg"]
+            path = tuple(str(p) for p in e["loc"] if p != "[key]")
+            message = e["msg"].removeprefix("Value error, ")
+            if e["type"] == "extra_forbidden":
+                message = "unknown key (not part of the schema)"
+            elif "[key]" in e["loc"]:
+                message = "not a valid name (letters, digits and _, not starting with a digit)"
             problems.append(doc.origin(*path).problem(".".join(path), message))
         return None
 
@@ -109,8 +113,11 @@ def _validate(model, doc: Loaded, problems: list[Problem]):
 def _apply_overrides(overrides: list[str], pipeline: Loaded, jobs: dict[str, Loaded], problems: list[Problem]) -> None:
     """Apply `--arg JOB.KEY=VALUE` (or vars.NAME=VALUE); a KEY starting with -- is a flag."""
     for text in overrides:
-        option = f"--arg {text}"
+        option = f"--arg {text!r}" if yamlfile.CONTROL.search(text) else f"--arg {text}"
         target, sep, value = text.partition("=")
+        if yamlfile.CONTROL.search(text):
+            problems.append(Problem(option, "--arg", "contains a control character (NUL, ESC, ...)"))
+            continue
         name, dot, key = target.partition(".")
         if not sep or not dot or not key:
             problems.append(Problem(option, "--arg", "expected JOB.KEY=VALUE, e.g. --arg train.num_batches=100"))
@@ -175,7 +182,7 @@ def _order(jobs: dict[str, Job], listed: list[str], problems: list[Problem]) -> 
     """Order jobs so that each comes after what it needs; report unknown needs and cycles."""
     for job in jobs.values():
         for need in job.spec.needs:
-            if need not in jobs:
+            if need not in listed:
                 problems.append(job.origin("needs").problem("needs", f"no job {need!r}; jobs are {', '.join(listed)}"))
     ordered: dict[str, Job] = {}
     visiting: list[str] = []
@@ -215,8 +222,10 @@ def read(directory: Path) -> JobFiles:
     names = pipeline_doc.data.get("jobs") if isinstance(pipeline_doc.data.get("jobs"), list) else []
     job_docs: dict[str, Loaded] = {}
     for name in names:
+        if not isinstance(name, str) or not re.fullmatch(JOB_NAME, name):
+            continue  # the schema reports it; its file is never looked for
         path = directory / f"{name}.yaml"
-        if not isinstance(name, str) or not path.is_file():
+        if not path.is_file():
             problems.append(pipeline_doc.origin("jobs").problem("jobs", f"job {name!r} has no file {path}"))
             continue
         try:
@@ -275,10 +284,10 @@ def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> N
     if spec.progress:
         spec.progress.tensorboard_dir = sub(spec.progress.tensorboard_dir, "progress", "tensorboard_dir")
         spec.progress.total_steps = sub(spec.progress.total_steps, "progress", "total_steps")
-        if not spec.progress.total_steps.isdigit():
+        if not re.fullmatch(r"[0-9]{1,9}", spec.progress.total_steps):
             problems.append(
                 job.origin("progress", "total_steps").problem(
-                    "progress.total_steps", f"{spec.progress.total_steps!r} is not a whole number"
+                    "progress.total_steps", f"{spec.progress.total_steps[:20]!r} is not a whole number below 10**9"
                 )
             )
 

@@ -2,7 +2,32 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import re
+from typing import Annotated
+
+from huggingface_hub.errors import HFValidationError
+from huggingface_hub.utils import validate_repo_id
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# Names that reach a shell or an environment: checked here so that nothing odd is ever quoted wrong.
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+JOB_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+JobName = Annotated[str, StringConstraints(pattern=JOB_NAME)]
+SAFE_PATH = re.compile(r"(~/|/)?[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*/?")
+
+
+def _folder(value: str) -> str:
+    if not SAFE_PATH.fullmatch(value) or ".." in value.split("/"):
+        raise ValueError(
+            f"{value!r} is not a plain folder: use letters, digits and . _ + - in names, "
+            "relative to the SSH user's home (or absolute), without .."
+        )
+    return value
+
+
+# A folder: relative to the SSH user's home, or absolute; no `..`, nothing a shell would expand.
+Folder = Annotated[str, AfterValidator(_folder)]
+Gigabytes = Annotated[float, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
 
 
 class Strict(BaseModel):
@@ -23,9 +48,9 @@ class JobSpec(Strict):
     module: str | None = None
     command: list[str] | None = None  # an argv, for jobs that are not MaxText modules (prefetch)
     after: list[list[str]] = []  # argvs run after the job succeeded, in its environment
-    needs: list[str] = []
-    secrets: list[str] = []
-    env: dict[str, str] = {}
+    needs: list[JobName] = []
+    secrets: list[EnvName] = []
+    env: dict[EnvName, str] = {}
     args: dict[str, str] = {}
     flags: dict[str, str] = {}  # module-only flags, passed as --name=value
     inputs: list[str] = []
@@ -46,11 +71,11 @@ class JobSpec(Strict):
 class EnvironmentSpec(Strict):
     """The Python environment `fab setup` builds; its hash is the setup stamp."""
 
-    python: str = "3.12"
-    venv: str = "maxtext_venv"
-    packages: list[str] = Field(min_length=1)
+    python: str = Field("3.12", pattern=r"^3\.[0-9]{1,2}(\.[0-9]{1,2})?$")
+    venv: Folder = "maxtext_venv"
+    packages: list[Annotated[str, StringConstraints(min_length=1)]] = Field(min_length=1)
     install_options: list[str] = []
-    install_env: dict[str, str] = {}
+    install_env: dict[EnvName, str] = {}
     post_install: list[str] = []  # shell commands run inside the activated venv
 
     @property
@@ -66,14 +91,14 @@ class EnvironmentSpec(Strict):
 class VmSpec(Strict):
     """Where state lives on the VM and what the VM must offer before a job starts."""
 
-    state_dir: str = "tpu-rl"
-    startup_marker: str = "/var/lib/tpu-rl/startup.done"
-    startup_log: str = "/var/log/tpu-rl-startup.log"
-    chips: int = Field(8, ge=0)
+    state_dir: Folder = "tpu-rl"
+    startup_marker: Folder = "/var/lib/tpu-rl/startup.done"
+    startup_log: Folder = "/var/log/tpu-rl-startup.log"
+    chips: int = Field(8, ge=0, le=256)
     chip_glob: str = "/dev/vfio/[0-9]*"
-    min_memory_gb: float = Field(0, ge=0)
-    min_shm_gb: float = Field(0, ge=0)
-    shm_path: str = "/dev/shm"
+    min_memory_gb: Gigabytes = 0
+    min_shm_gb: Gigabytes = 0
+    shm_path: Folder = "/dev/shm"
     validate_args: bool = True
 
 
@@ -82,11 +107,25 @@ class ResultsSpec(Strict):
 
     hub_repo: str = ""  # e.g. you/llama3.1-8b-instruct-grpo
     hub_private: bool = True
-    gcs: str = Field("", pattern=r"^(|stack|gs://.+)$")  # "stack": the Pulumi stack's bucket
+    # "stack": the Pulumi stack's bucket (tpu-rl:resultsBucket), or gs://BUCKET/PREFIX
+    gcs: str = Field("", pattern=r"^(|stack|gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\s]*)?)$")
+
+    @field_validator("hub_repo")
+    @classmethod
+    def _hub_repo(cls, value: str) -> str:
+        """Checked with huggingface_hub's own rules, so a bad name fails here and not after training."""
+        if value:
+            try:
+                validate_repo_id(value)
+            except HFValidationError as err:
+                raise ValueError(str(err).split("\n")[0]) from None
+            if value.count("/") != 1:
+                raise ValueError(f"{value!r} must be NAMESPACE/NAME, e.g. you/llama3.1-8b-instruct-grpo")
+        return value
 
 
 class PipelineSpec(Strict):
-    jobs: list[str] = Field(min_length=1)
+    jobs: list[JobName] = Field(min_length=1)
     vars: dict[str, str] = {}
     environment: EnvironmentSpec
     vm: VmSpec = VmSpec()

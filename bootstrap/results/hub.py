@@ -7,10 +7,23 @@ it can write the repository.
 
 from __future__ import annotations
 
-from huggingface_hub import HfApi
+from huggingface_hub import HfApi, set_client_factory
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+from huggingface_hub.utils import _http
 
 from ..errors import UserError
+
+HUB_TIMEOUT_SECONDS = 30
+
+
+def _client_with_timeout():
+    """huggingface_hub's own client, with a timeout: its default waits forever on a Hub that stops answering."""
+    client = _http.default_client_factory()
+    client.timeout = HUB_TIMEOUT_SECONDS
+    return client
+
+
+set_client_factory(_client_with_timeout)
 
 
 def preflight(token: str, model: str | None, target_repo: str = "") -> list[str]:

@@ -83,8 +83,8 @@ FILE_CASES = [
     ("train.yaml", "  run_name: ${run_name}", "  run_name: ${nope}", "args.run_name: undefined variable ${nope}"),
     (
         "convert.yaml",
-        "secrets: [HF_TOKEN]",
-        "needs: [export]\nsecrets: [HF_TOKEN]",
+        "needs: [prefetch]",
+        "needs: [export]",
         "needs: dependency cycle: convert -> export -> train -> convert",
     ),
     ("train.yaml", "needs: [convert]", "needs: [convrt]", "needs: no job 'convrt'"),

@@ -1,0 +1,252 @@
+"""Every bad input, through the real `fab`: one short error naming the file or option, exit 2, no traceback.
+
+Each case runs `fab train` against a listening socket that stands for both the VM and
+the Hugging Face Hub, so a case that got as far as contacting anything is seen. CPU
+time and peak memory are bounded (the process also runs under an address-space limit,
+so an input that blows up memory fails the case instead of the machine).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from bootstrap.paths import REPO
+
+FAB = str(Path(sys.executable).with_name("fab"))
+CPU_SECONDS = 2.0
+MAX_RSS_MB = 400
+ADDRESS_SPACE = 4 << 30
+
+
+@dataclass(frozen=True)
+class Case:
+    """A change to jobs/ (file -> function of its bytes), extra fab arguments, and the expected message."""
+
+    name: str
+    expect: str
+    file: str = ""
+    change: Callable[[bytes], bytes] = lambda b: b
+    args: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def put(key: str, value: str) -> Callable[[bytes], bytes]:
+    """Append `key: value` under a top-level section of the file (or at the top level)."""
+
+    def change(text: bytes) -> bytes:
+        section, _, leaf = key.rpartition(".")
+        line = f"{leaf}: {value}\n".encode()
+        if not section:
+            return text + line
+        marker = f"\n{section}:\n".encode()
+        assert marker in text, f"no section {section}"
+        head, tail = text.split(marker, 1)
+        lines = tail.split(b"\n")
+        kept = [ln for ln in lines if not ln.startswith(f"  {leaf}:".encode())]
+        return head + marker + b"  " + line + b"\n".join(kept)
+
+    return change
+
+
+def replace(old: str, new: str | bytes) -> Callable[[bytes], bytes]:
+    def change(text: bytes) -> bytes:
+        assert old.encode() in text, old
+        return text.replace(old.encode(), new if isinstance(new, bytes) else new.encode(), 1)
+
+    return change
+
+
+BOMB = "bomb:\n" + "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else 'x'}]\n" for i in range(10))
+YAML_CASES = [
+    Case("alias bomb", "pipeline.yaml:50: yaml: anchors and aliases", "pipeline.yaml", lambda b: b + BOMB.encode()),
+    Case("recursive alias", "train.yaml:", "train.yaml", lambda b: b + b"loop: &loop [*loop]\n"),
+    Case("deep nesting", "nested deeper than 8", "pipeline.yaml", lambda b: b + b"deep: " + b"[" * 5000 + b"]" * 5000),
+    Case(
+        "deep block nesting",
+        "nested deeper than 8",
+        "train.yaml",
+        put("args.x", "{a: {b: {c: {d: {e: {f: {g: {}}}}}}}}"),
+    ),
+    Case("complex key", "train.yaml:", "train.yaml", lambda b: b + b"? [a, b]\n: c\n"),
+    Case(
+        "invalid UTF-8", "convert.yaml:2: yaml: not UTF-8 (byte 0xff)", "convert.yaml", replace("module", b"\xffmodule")
+    ),
+    Case("raw NUL byte", "export.yaml:1: yaml: contains a NUL byte", "export.yaml", lambda b: b"\x00" + b),
+    Case(
+        "escaped NUL in env",
+        "train.yaml:6: env.HF_HOME: contains a control character",
+        "train.yaml",
+        put("env.HF_HOME", '"a\\0b"'),
+    ),
+    Case(
+        "ESC in a value", "args.run_name: contains a control character", "train.yaml", put("args.run_name", '"\\e[2J"')
+    ),
+    Case(
+        "duplicate key",
+        "convert.yaml:4: needs: duplicate key",
+        "convert.yaml",
+        replace("secrets:", "needs: [x]\nsecrets:"),
+    ),
+    Case("huge file", "bytes; a job file is at most", "train.yaml", lambda b: b + b"#" * 300_000 + b"\n"),
+    Case("not YAML", "train.yaml:", "train.yaml", lambda b: b + b"args: [unclosed\n"),
+    Case("a list, not a mapping", "must be a mapping", "export.yaml", lambda b: b"- a\n- b\n"),
+    Case("chips 1e400", "vm.chips:", "pipeline.yaml", put("vm.chips", "1e400")),
+    Case(
+        "chips huge", "vm.chips: Input should be less than or equal to 256", "pipeline.yaml", put("vm.chips", "9" * 40)
+    ),
+    Case(
+        "chips negative", "vm.chips: Input should be greater than or equal to 0", "pipeline.yaml", put("vm.chips", "-1")
+    ),
+    Case("chips hex", "vm.chips:", "pipeline.yaml", put("vm.chips", "0x10")),
+    Case(
+        "memory inf",
+        "vm.min_memory_gb: Input should be a finite number",
+        "pipeline.yaml",
+        put("vm.min_memory_gb", "inf"),
+    ),
+    Case(
+        "memory nan",
+        "vm.min_memory_gb: Input should be a finite number",
+        "pipeline.yaml",
+        put("vm.min_memory_gb", "nan"),
+    ),
+    Case("memory 1e400", "vm.min_memory_gb:", "pipeline.yaml", put("vm.min_memory_gb", "1e400")),
+    Case(
+        "total steps huge",
+        "progress.total_steps: '",
+        "train.yaml",
+        replace("total_steps: ${num_batches}", "total_steps: " + "9" * 5000),
+    ),
+    Case(
+        "total steps not ASCII",
+        "progress.total_steps: '٣' is not a whole number below",
+        "train.yaml",
+        replace("total_steps: ${num_batches}", "total_steps: ٣"),
+    ),
+    Case("hub repo a/b/c", "results.hub_repo:", "pipeline.yaml", put("results.hub_repo", "a/b/c")),
+    Case("hub repo bad name", "results.hub_repo:", "pipeline.yaml", put("results.hub_repo", "me/bad--name..")),
+    Case(
+        "hub repo no namespace",
+        "results.hub_repo: 'model' must be NAMESPACE/NAME",
+        "pipeline.yaml",
+        put("results.hub_repo", "model"),
+    ),
+    Case("gcs not gs://", "results.gcs:", "pipeline.yaml", put("results.gcs", "s3://bucket")),
+    Case("gcs empty bucket", "results.gcs:", "pipeline.yaml", put("results.gcs", "gs://")),
+    Case("empty state_dir", "vm.state_dir: '' is not a plain folder", "pipeline.yaml", put("vm.state_dir", '""')),
+    Case(
+        "state_dir ..", "vm.state_dir: '../etc' is not a plain folder", "pipeline.yaml", put("vm.state_dir", "../etc")
+    ),
+    Case("state_dir root", "vm.state_dir: '/' is not a plain folder", "pipeline.yaml", put("vm.state_dir", "/")),
+    Case("state_dir shell", "vm.state_dir:", "pipeline.yaml", put("vm.state_dir", '"$(touch /tmp/x)"')),
+    Case("venv shell", "environment.venv:", "pipeline.yaml", put("environment.venv", '"a b;rm -rf ~"')),
+    Case("python version", "environment.python:", "pipeline.yaml", put("environment.python", '"3.12; id"')),
+    Case(
+        "install_env key",
+        "environment.install_env.A;id:",
+        "pipeline.yaml",
+        replace("UV_TORCH_BACKEND: cpu", '"A;id": cpu'),
+    ),
+    Case("env name", "env.1BAD:", "train.yaml", put("env.1BAD", "x")),
+    Case("secret name", "secrets.0:", "train.yaml", replace("secrets: [HF_TOKEN]", "secrets: [HF TOKEN]")),
+    Case("job name escapes jobs/", "jobs.0:", "pipeline.yaml", replace("prefetch,", "../prefetch,")),
+    Case(
+        "vars not a mapping",
+        "vars: Input should be a valid dictionary",
+        "pipeline.yaml",
+        replace("vars:", "vars: [a]\nold_vars:"),
+    ),
+    Case("empty pipeline", "jobs: Field required", "pipeline.yaml", lambda b: b""),
+]
+ARG_CASES = [
+    Case("no value", "--arg train: --arg: expected JOB.KEY=VALUE", args=("--arg", "train")),
+    Case("empty job", "--arg =1: --arg: expected JOB.KEY=VALUE", args=("--arg", "=1")),
+    Case("empty key", "--arg train.=1: --arg: expected JOB.KEY=VALUE", args=("--arg", "train.=1")),
+    Case(
+        "control character",
+        "--arg 'train.run_name=\\x1b[2J': --arg: contains a control character",
+        args=("--arg", "train.run_name=\x1b[2J"),
+    ),
+    Case("huge integer", "args.num_batches:", args=("--arg", "train.num_batches=" + "9" * 5000)),
+    Case(
+        "float for an integer", "args.num_batches: '1e999' is not an integer", args=("--arg", "train.num_batches=1e999")
+    ),
+    Case("bad env name", "env.1BAD:", args=("--arg", "train.env.1BAD=x")),
+    Case("unknown job", "bogus: no such job", args=("--arg", "bogus.x=1")),
+    Case("vars without name", "--arg vars.=1: --arg: expected JOB.KEY=VALUE", args=("--arg", "vars.=1")),
+]
+RUN_NAME_CASES = [
+    Case(f"run name {name!r}", "--run-name:", args=("--run-name", name))
+    for name in ("../x", "a/b", "-x", "x" * 65, " ", "a\x1bb", "a..b", "")
+]
+
+
+@pytest.fixture(scope="module")
+def listener():
+    """A socket that accepts nothing: any connection fab makes to the VM or the Hub is counted."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        sock.setblocking(False)
+        yield sock
+
+
+def contacted(sock: socket.socket) -> bool:
+    try:
+        sock.accept()[0].close()
+    except BlockingIOError:
+        return False
+    return True
+
+
+def limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + RUN_NAME_CASES, ids=str)
+def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    if case.file:
+        path = jobs / case.file
+        path.write_bytes(case.change(path.read_bytes()))
+    port = listener.getsockname()[1]
+    env = {
+        **os.environ,
+        "TPU_RL_JOBS": str(jobs),
+        "TPU_RL_RUNS": str(tmp_path / "runs"),
+        "HF_TOKEN": "hf_" + "x" * 34,
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HOME": str(tmp_path),
+    }
+    command = [FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", "train", *case.args]
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=err, preexec_fn=limit_memory)
+        timer = threading.Timer(60, process.kill)
+        timer.start()
+        _, status, usage = os.wait4(process.pid, 0)
+        timer.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert process.returncode == 2, (stdout, stderr)
+    assert case.expect in stderr, stderr
+    assert "Traceback" not in stdout + stderr
+    lines = stderr.strip().splitlines()
+    assert all(line.startswith("error: ") for line in lines) and len(lines) <= 3, stderr
+    assert not contacted(listener), "contacted the VM or the Hub before refusing"
+    assert usage.ru_utime + usage.ru_stime < CPU_SECONDS
+    assert usage.ru_maxrss < MAX_RSS_MB * 1024
