@@ -12,6 +12,7 @@ import pulumi.runtime
 
 PROGRAM = Path(__file__).resolve().parents[2] / "__main__.py"
 FAKE_IP = "203.0.113.10"
+FAKE_INSTANCE_ID = "4518913456271829501"
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGJdpTuWTtIyVcSQ6Zr2Vh4ZkD3tEeSz2bV6RIwdNv0s user@laptop"
 BASE_CONFIG = {
     "gcp:project": "my-project",
@@ -51,6 +52,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         outputs = dict(args.inputs)
         if args.typ == "gcp:compute/instance:Instance":
             outputs["networkInterfaces"] = [{"accessConfigs": [{"natIp": FAKE_IP}]}]
+            outputs["instanceId"] = FAKE_INSTANCE_ID
         if args.typ == "gcp:serviceaccount/account:Account":
             outputs["email"] = f"{args.inputs['accountId']}@my-project.iam.gserviceaccount.com"
         return f"{args.name}-id", outputs

@@ -2,7 +2,7 @@
 
 import pytest
 
-from .program import FAKE_IP, PUBLIC_KEY, run_program
+from .program import FAKE_INSTANCE_ID, FAKE_IP, PUBLIC_KEY, run_program
 
 INSTANCE = "gcp:compute/instance:Instance"
 
@@ -60,6 +60,10 @@ def test_startup_script_in_metadata_from_bootstrap(vm):
     assert "metadataStartupScript" not in vm  # would force a re-create on every change
 
 
+def test_host_keys_published_as_guest_attributes(vm):
+    assert vm["metadata"]["enable-guest-attributes"] == "TRUE"  # fab pins them before connecting
+
+
 def test_ssh_keys_metadata(vm):
     assert vm["metadata"]["ssh-keys"] == f"tpu-rl:{PUBLIC_KEY}"
 
@@ -88,6 +92,7 @@ def test_outputs_for_the_bootstrap():
     assert outputs["zone"] == "us-east5-b"
     assert outputs["project"] == "my-project"
     assert outputs["instance_name"] == "tpu-rl-v6e-8"
+    assert outputs["instance_id"] == FAKE_INSTANCE_ID
     assert outputs["bucket"] is None
 
 

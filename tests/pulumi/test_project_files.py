@@ -1,10 +1,11 @@
 """Pulumi.yaml declares every key the program reads; Pulumi.dev.yaml is placeholders, no secret."""
 
-import re
 from pathlib import Path
 
 import pytest
 import yaml
+
+from infra import settings
 
 from .program import run_program
 
@@ -12,8 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def keys_read_by_program() -> set[str]:
-    source = (REPO / "__main__.py").read_text()
-    return set(re.findall(r'\bconfig\.get(?:_int|_bool|_object)?\("([A-Za-z0-9]+)"\)', source))
+    return {key.removeprefix("tpu-rl:") for key in settings.KEYS if key.startswith("tpu-rl:")}
 
 
 def test_every_key_the_program_reads_has_a_typed_schema():

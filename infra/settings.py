@@ -1,0 +1,314 @@
+"""The stack's settings, read once from plain strings into one typed, checked object.
+
+`pulumi config` hands the program strings (lists arrive as JSON), so everything is
+parsed here: a wrong type, a name GCE refuses, a second line in a public key or an
+SSH range that opens the VM to everyone is a one-line `ConfigError` naming the key,
+before any resource is declared. Tests build `Settings` from plain dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pulumi
+
+PROJECT = "tpu-rl"
+IMAGE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
+# Zones that offer v6e (Cloud TPU "regions and zones"); override with tpu-rl:v6eZones.
+V6E_ZONES = (
+    "us-central1-b",
+    "us-east1-d",
+    "us-east5-a",
+    "us-east5-b",
+    "europe-west4-a",
+    "asia-northeast1-b",
+    "southamerica-west1-a",
+)
+# The HF download (~32 GB with original/), the MaxText env with vLLM (~25 GB),
+# the OS image and pip/uv caches: below this the convert job runs out of disk.
+MIN_BOOT_DISK_GB = 100
+MAX_BOOT_DISK_GB = 65_536  # GCE's limit for a persistent disk
+MAX_RUN_DURATION_S = 120 * 24 * 3600  # GCE's limit for maxRunDuration
+PROVISIONING_MODELS = ("RESERVATION_BOUND", "STANDARD", "SPOT", "FLEX_START")
+SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ssh-rsa",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+)
+# Every key the program reads, as `pulumi config` names them.
+KEYS = (
+    "gcp:project",
+    "gcp:zone",
+    *(
+        f"{PROJECT}:{name}"
+        for name in (
+            "instanceName",
+            "machineType",
+            "image",
+            "bootDiskSizeGb",
+            "provisioningModel",
+            "reservation",
+            "maxRunDurationSeconds",
+            "sshUser",
+            "sshPublicKey",
+            "osLogin",
+            "sshSourceRanges",
+            "network",
+            "resultsBucket",
+            "serviceAccountEmail",
+            "v6eZones",
+        )
+    ),
+)
+GCE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+GCP_PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
+ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
+NETWORK = re.compile(r"(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/global/networks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+SERVICE_ACCOUNT = re.compile(r"[a-z0-9][-a-z0-9]*@[a-z0-9][-a-z0-9.]*\.gserviceaccount\.com")
+EVERYWHERE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+
+
+class ConfigError(pulumi.RunError):
+    """A stack config value that would make `pulumi up` fail or build the wrong VM (shown without a traceback)."""
+
+
+def fail(key: str, problem: str, fix: str) -> None:
+    raise ConfigError(f"{key}: {problem}. {fix}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the program declares, every value checked."""
+
+    gcp_project: str
+    zone: str
+    instance_name: str
+    machine_type: str
+    image: str
+    boot_disk_gb: int
+    provisioning_model: str
+    reservation: str | None
+    max_run_duration_s: int | None
+    ssh_user: str
+    ssh_public_key: str | None
+    os_login: bool
+    ssh_source_ranges: tuple[str, ...]
+    ssh_open_to_all: bool
+    network: str
+    results_bucket: str | None
+    service_account_email: str | None
+    v6e_zones: tuple[str, ...]
+
+    @property
+    def region(self) -> str:
+        return self.zone.rsplit("-", 1)[0]
+
+
+class _Reader:
+    """Typed reads of raw config strings; each failure names its key."""
+
+    def __init__(self, raw: Mapping[str, str | None]):
+        self.raw = raw
+
+    def text(self, key: str) -> str | None:
+        value = self.raw.get(key)
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str):
+            fail(key, f"expected a string, got {type(value).__name__}", f"Set it with pulumi config set {key} VALUE")
+        return value.strip()
+
+    def name(self, key: str, pattern: re.Pattern, rule: str, default: str | None = None, what: str = "a valid name"):
+        value = self.text(key) or default
+        if value is not None and not pattern.fullmatch(value):
+            fail(key, f"{value[:80]!r} is not {what}", rule)
+        return value
+
+    def integer(self, key: str, low: int, high: int, default: int | None = None) -> int | None:
+        value = self.text(key)
+        if value is None:
+            return default
+        if not re.fullmatch(r"[0-9]{1,12}", value) or not low <= int(value) <= high:
+            fail(key, f"{value[:40]!r} is not a whole number from {low} to {high}", f"Set it, e.g. {key} {low}")
+        return int(value)
+
+    def boolean(self, key: str) -> bool:
+        value = (self.text(key) or "false").lower()
+        if value not in ("true", "false"):
+            fail(key, f"{value[:40]!r} is not true or false", f"Set it: pulumi config set {key} true")
+        return value == "true"
+
+    def strings(self, key: str) -> tuple[str, ...] | None:
+        value = self.text(key)
+        if value is None:
+            return None
+        try:
+            items = json.loads(value)
+        except json.JSONDecodeError:
+            items = None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            fail(key, "expected a list of strings", f'Set it as a list: pulumi config set --path "{key}[0]" VALUE')
+        return tuple(i.strip() for i in items)
+
+
+def check_public_key(key: str, value: str) -> str:
+    """One OpenSSH public key line whose base64 blob really holds the named key type."""
+    fix = f'Set it to the one line of your .pub file: pulumi config set {key} "$(cat ~/.ssh/id_ed25519.pub)"'
+    if "\n" in value or "\r" in value:
+        fail(key, "holds more than one line (each line would become another ssh-keys entry)", fix)
+    parts = value.split()
+    if len(parts) < 2 or parts[0] not in SSH_KEY_TYPES:
+        fail(key, f"not an OpenSSH public key (type must be one of {', '.join(SSH_KEY_TYPES[:3])}, ...)", fix)
+    try:
+        blob = base64.b64decode(parts[1], validate=True)
+    except binascii.Error:
+        fail(key, "the key data is not base64 (is it still the placeholder?)", fix)
+    try:
+        (length,) = struct.unpack(">I", blob[:4])
+        embedded = blob[4 : 4 + length].decode()
+    except (struct.error, UnicodeDecodeError):
+        embedded = None
+    if embedded != parts[0]:
+        fail(key, "the key data is damaged (its base64 blob does not match its type)", fix)
+    return value
+
+
+def source_ranges(key: str, ranges: tuple[str, ...] | None) -> tuple[tuple[str, ...], bool]:
+    """Valid CIDR ranges, and whether together they cover every IPv4 or every IPv6 address."""
+    fix = 'List your own address range, e.g. pulumi config set --path "tpu-rl:sshSourceRanges[0]" 203.0.113.7/32'
+    if ranges is None:
+        ranges = ("0.0.0.0/0",)  # unset: open, with the warning below
+    if not ranges:
+        fail(key, "is an empty list (GCE would open port 22 to every address)", fix)
+    networks = []
+    for text in ranges:
+        try:
+            networks.append(ipaddress.ip_network(text, strict=True))
+        except ValueError as err:
+            fail(key, f"{text[:60]!r} is not a CIDR range ({err})", fix)
+    open_to_all = any(
+        list(ipaddress.collapse_addresses(n for n in networks if n.version == everywhere.version)) == [everywhere]
+        for everywhere in EVERYWHERE
+    )
+    return ranges, open_to_all
+
+
+def read(raw: Mapping[str, str | None]) -> Settings:
+    """Check every key and build the settings; raise ConfigError naming the first bad key."""
+    unknown = [k for k in raw if k.startswith(f"{PROJECT}:") and k not in KEYS]
+    if unknown:
+        fail(unknown[0], "unknown key", f"Known keys: {', '.join(k for k in KEYS if k.startswith(PROJECT))}")
+    r = _Reader(raw)
+    t = f"{PROJECT}:"
+    gcp_project = r.name("gcp:project", GCP_PROJECT, "A project ID: 6-30 lower-case letters, digits and -")
+    if not gcp_project:
+        fail("gcp:project", "missing", "Set it: pulumi config set gcp:project YOUR_PROJECT_ID")
+    v6e_zones = r.strings(t + "v6eZones") or V6E_ZONES
+    for listed in v6e_zones:
+        if not ZONE.fullmatch(listed):
+            fail(t + "v6eZones", f"{listed[:40]!r} is not a zone name", "List zones like us-east5-b")
+    zone = r.text("gcp:zone")
+    if not zone:
+        fail("gcp:zone", "missing", f"Set it to a zone with v6e, e.g. pulumi config set gcp:zone {V6E_ZONES[0]}")
+    if zone not in v6e_zones:
+        fail(
+            "gcp:zone",
+            f"{zone[:40]!r} has no TPU v6e",
+            f"Use one of {', '.join(v6e_zones)} (or list it in {t}v6eZones)",
+        )
+    gce_rule = "GCE names: 1-63 lower-case letters, digits and -, starting with a letter"
+    instance_name = r.name(t + "instanceName", GCE_NAME, gce_rule, "tpu-rl-v6e-8")
+    machine_type = r.name(
+        t + "machineType",
+        re.compile(r"ct6e-standard-(1|4|8)t"),
+        "Use ct6e-standard-8t (or -4t, -1t)",
+        "ct6e-standard-8t",
+        "a v6e machine type",
+    )
+    image = r.text(t + "image") or IMAGE
+    if re.search(r"\s", image):
+        fail(t + "image", "contains white space", "Use an image URL or family path")
+    boot_disk_gb = r.integer(t + "bootDiskSizeGb", 1, MAX_BOOT_DISK_GB, 200)
+    if boot_disk_gb < MIN_BOOT_DISK_GB:
+        fail(
+            t + "bootDiskSizeGb",
+            f"{boot_disk_gb} GB is too small for the model download and the MaxText environment",
+            f"Use at least {MIN_BOOT_DISK_GB} (the reference uses 200)",
+        )
+    model = (r.text(t + "provisioningModel") or "RESERVATION_BOUND").upper()
+    if model not in PROVISIONING_MODELS:
+        fail(t + "provisioningModel", f"unknown model {model[:40]!r}", f"Use one of {', '.join(PROVISIONING_MODELS)}")
+    reservation = r.name(t + "reservation", GCE_NAME, gce_rule)
+    if model == "RESERVATION_BOUND" and not reservation:
+        fail(
+            t + "reservation",
+            "missing; a RESERVATION_BOUND VM must name its reservation",
+            f"Set it: pulumi config set {t}reservation YOUR_RESERVATION (or choose another {t}provisioningModel)",
+        )
+    if reservation and model in ("SPOT", "FLEX_START"):
+        fail(
+            t + "reservation",
+            f"a {model} VM cannot consume a reservation",
+            f"Remove it: pulumi config rm {t}reservation",
+        )
+    max_run = r.integer(t + "maxRunDurationSeconds", 1, MAX_RUN_DURATION_S)
+    if model == "FLEX_START" and not max_run:
+        fail(
+            t + "maxRunDurationSeconds",
+            "missing; FLEX_START VMs need a maximum run time",
+            f"Set it, e.g. pulumi config set {t}maxRunDurationSeconds 14400",
+        )
+    os_login = r.boolean(t + "osLogin")
+    public_key = r.text(t + "sshPublicKey")
+    if os_login and public_key:
+        fail(t + "sshPublicKey", f"set together with {t}osLogin", "Use one: OS Login manages keys itself")
+    if not os_login:
+        if not public_key:
+            fail(
+                t + "sshPublicKey",
+                "missing; Fabric needs SSH access",
+                f'Set it: pulumi config set {t}sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"',
+            )
+        check_public_key(t + "sshPublicKey", raw[t + "sshPublicKey"].strip())
+    ranges, open_to_all = source_ranges(t + "sshSourceRanges", r.strings(t + "sshSourceRanges"))
+    return Settings(
+        gcp_project=gcp_project,
+        zone=zone,
+        instance_name=instance_name,
+        machine_type=machine_type,
+        image=image,
+        boot_disk_gb=boot_disk_gb,
+        provisioning_model=model,
+        reservation=reservation,
+        max_run_duration_s=max_run,
+        ssh_user=r.name(t + "sshUser", LINUX_USER, "A Linux user name: lower-case letters, digits, - and _", "tpu-rl"),
+        ssh_public_key=public_key,
+        os_login=os_login,
+        ssh_source_ranges=ranges,
+        ssh_open_to_all=open_to_all,
+        network=r.name(t + "network", NETWORK, f"A VPC network name ({gce_rule})", "default"),
+        results_bucket=r.name(t + "resultsBucket", BUCKET, "Bucket names: 3-63 lower-case letters, digits, - and _"),
+        service_account_email=r.name(
+            t + "serviceAccountEmail", SERVICE_ACCOUNT, "A service account email, NAME@PROJECT.iam.gserviceaccount.com"
+        ),
+        v6e_zones=tuple(v6e_zones),
+    )
+
+
+def from_pulumi() -> Settings:
+    """Read every key of the stack's config, a misspelt tpu-rl: key included (to refuse it, not ignore it)."""
+    keys = [*KEYS, *(k for k in pulumi.runtime.config.CONFIG.get() if k.startswith(f"{PROJECT}:") and k not in KEYS)]
+    return read({key: pulumi.Config(key.split(":")[0]).get(key.split(":", 1)[1]) for key in keys})

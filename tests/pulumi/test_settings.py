@@ -1,0 +1,111 @@
+"""The stack's settings from plain dicts (no Pulumi, no mocks): every bad value is one ConfigError naming its key."""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+
+import pytest
+
+from infra.settings import ConfigError, read
+
+from .program import BASE_CONFIG, PUBLIC_KEY
+
+
+def raw() -> dict:
+    """BASE_CONFIG as pulumi config hands it over: strings, lists as JSON."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in BASE_CONFIG.items()}
+
+
+def case(key: str, value, expect: str) -> tuple[dict, str, str]:
+    return ({key: value if isinstance(value, str) or value is None else json.dumps(value)}, key, expect)
+
+
+T = "tpu-rl:"
+CASES = [
+    case("gcp:project", None, "missing"),
+    case("gcp:project", "My Project", "'My Project' is not a valid name"),
+    case("gcp:project", "ab", "is not a valid name"),
+    case("gcp:zone", "us-west1-a", "'us-west1-a' has no TPU v6e"),
+    case(T + "v6eZones", "us-east5-b", "expected a list of strings"),
+    case(T + "v6eZones", [1, 2], "expected a list of strings"),
+    case(T + "v6eZones", ["us east"], "'us east' is not a zone name"),
+    case(T + "instanceName", "TPU_VM", "'TPU_VM' is not a valid name"),
+    case(T + "instanceName", "a" * 64, "is not a valid name"),
+    case(T + "instanceName", "vm-", "'vm-' is not a valid name"),
+    case(T + "machineType", "n2-standard-8", "'n2-standard-8' is not a v6e machine type"),
+    case(T + "image", "projects/x images", "contains white space"),
+    case(T + "bootDiskSizeGb", "50", "50 GB is too small"),
+    case(T + "bootDiskSizeGb", "-200", "'-200' is not a whole number"),
+    case(T + "bootDiskSizeGb", "2e2", "'2e2' is not a whole number"),
+    case(T + "bootDiskSizeGb", "99999999999999999999", "is not a whole number from 1 to 65536"),
+    case(T + "provisioningModel", "CHEAP", "unknown model 'CHEAP'"),
+    case(T + "reservation", "My Reservation", "'My Reservation' is not a valid name"),
+    case(T + "maxRunDurationSeconds", "-5", "'-5' is not a whole number"),
+    case(T + "maxRunDurationSeconds", "0", "'0' is not a whole number from 1"),
+    case(T + "maxRunDurationSeconds", "1.5", "'1.5' is not a whole number"),
+    case(T + "sshUser", "Root User", "'Root User' is not a valid name"),
+    case(T + "sshUser", "x" * 40, "is not a valid name"),
+    case(T + "sshPublicKey", PUBLIC_KEY + "\n" + PUBLIC_KEY.replace("user@", "other@"), "holds more than one line"),
+    case(T + "sshPublicKey", "not a key", "not an OpenSSH public key"),
+    case(T + "sshPublicKey", "ssh-ed25519 AAAAB3NzaC1yc2EAAAADAQABAAABAQ== x", "the key data is damaged"),
+    case(T + "osLogin", "maybe", "'maybe' is not true or false"),
+    case(T + "sshSourceRanges", [], "is an empty list"),
+    case(T + "sshSourceRanges", "203.0.113.0/24", "expected a list of strings"),
+    case(T + "sshSourceRanges", ["203.0.113.7/33"], "'203.0.113.7/33' is not a CIDR range"),
+    case(T + "sshSourceRanges", ["203.0.113.7/24"], "has host bits set"),
+    case(T + "sshSourceRanges", ["me"], "'me' is not a CIDR range"),
+    case(T + "network", "My Net", "'My Net' is not a valid name"),
+    case(T + "resultsBucket", "Results Bucket", "'Results Bucket' is not a valid name"),
+    case(T + "resultsBucket", "ab", "'ab' is not a valid name"),
+    case(T + "serviceAccountEmail", "me@example.com", "'me@example.com' is not a valid name"),
+    case(T + "sshSourceRange", ["0.0.0.0/0"], "unknown key"),
+]
+
+
+@pytest.mark.parametrize(("changes", "key", "expect"), CASES, ids=[f"{c[1]}={str(c[0][c[1]])[:30]}" for c in CASES])
+def test_bad_value_is_one_line_naming_the_key(changes, key, expect):
+    config = {**raw(), **changes}
+    config = {k: v for k, v in config.items() if v is not None}
+    tracemalloc.start()
+    started = time.process_time()
+    with pytest.raises(ConfigError) as raised:
+        read(config)
+    cpu = time.process_time() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    message = str(raised.value)
+    assert message.startswith(f"{key}: ") and expect in message, message
+    assert "\n" not in message
+    assert cpu < 2 and peak < 10 << 20
+
+
+@pytest.mark.parametrize(
+    ("ranges", "open_to_all"),
+    [
+        (["0.0.0.0/0"], True),
+        (["::/0"], True),
+        (["198.51.100.0/24", "::/0"], True),
+        (["0.0.0.0/1", "128.0.0.0/1"], True),
+        (["::/1", "8000::/1"], True),
+        (["0.0.0.0/1"], False),
+        (["198.51.100.0/24", "2001:db8::/32"], False),
+    ],
+)
+def test_ranges_that_cover_every_address_are_flagged(ranges, open_to_all):
+    assert read({**raw(), "tpu-rl:sshSourceRanges": json.dumps(ranges)}).ssh_open_to_all is open_to_all
+
+
+def test_unset_ranges_mean_open_to_all_with_the_warning():
+    config = {k: v for k, v in raw().items() if k != "tpu-rl:sshSourceRanges"}
+    settings = read(config)
+    assert settings.ssh_source_ranges == ("0.0.0.0/0",) and settings.ssh_open_to_all
+
+
+def test_values_are_typed():
+    settings = read(
+        {**raw(), "tpu-rl:bootDiskSizeGb": "300", "tpu-rl:osLogin": "false", "tpu-rl:v6eZones": '["us-east5-b"]'}
+    )
+    assert settings.boot_disk_gb == 300 and settings.os_login is False and settings.v6e_zones == ("us-east5-b",)
+    assert settings.ssh_source_ranges == ("198.51.100.0/24",) and settings.region == "us-east5"
