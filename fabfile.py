@@ -2,9 +2,9 @@
 
 from invoke import Collection
 
-from bootstrap.tasks import jobs_tasks, pipeline_tasks, results_tasks
+from bootstrap.tasks import host_tasks, jobs_tasks, pipeline_tasks, results_tasks
 
 ns = Collection()
-for module in (jobs_tasks, pipeline_tasks, results_tasks):
+for module in (jobs_tasks, pipeline_tasks, results_tasks, host_tasks):
     for task in Collection.from_module(module).tasks.values():
         ns.add_task(task)

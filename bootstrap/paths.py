@@ -16,3 +16,8 @@ def jobs_dir() -> Path:
 def runs_dir() -> Path:
     """Local records of runs (rendered jobs, durations, metrics): TPU_RL_RUNS, or runs/."""
     return Path(os.environ.get("TPU_RL_RUNS") or REPO / "runs")
+
+
+def pinned_host_keys() -> Path:
+    """The stack VM's SSH host keys as pinned from the Compute Engine API: TPU_RL_KNOWN_HOSTS, or .tpu-rl/known_hosts."""
+    return Path(os.environ.get("TPU_RL_KNOWN_HOSTS") or REPO / ".tpu-rl" / "known_hosts")

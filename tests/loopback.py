@@ -60,6 +60,15 @@ class Host:
     def target(self) -> str:
         return f"{self.user}@127.0.0.1:{self.port}"
 
+    @property
+    def host_key(self) -> Path:
+        return self.key.with_name("host_key.pub")
+
+    def known_hosts_line(self) -> str:
+        """This host as ~/.ssh/known_hosts records it (ssh -p PORT writes [127.0.0.1]:PORT)."""
+        kind, blob = self.host_key.read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {blob}\n"
+
 
 @contextmanager
 def loopback_host(root: Path, extra_env: dict[str, str] | None = None) -> Iterator[Host]:
@@ -173,9 +182,19 @@ class Fab:
     jobs: Path
     hub: hubstub.Hub
 
+    def __post_init__(self) -> None:
+        """fab's home: a known_hosts that knows the loopback host, as after `fab trust-host`."""
+        (self.home / ".ssh").mkdir(parents=True, exist_ok=True)
+        (self.home / ".ssh" / "known_hosts").write_text(self.host.known_hosts_line())
+
+    @property
+    def home(self) -> Path:
+        return self.tmp / "home"
+
     def env(self) -> dict[str, str]:
         return {
             **os.environ,
+            "HOME": str(self.home),
             "TPU_RL_JOBS": str(self.jobs),
             "TPU_RL_RUNS": str(self.tmp / "runs"),
             "HF_TOKEN": self.token,

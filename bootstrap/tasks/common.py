@@ -65,7 +65,7 @@ def open_session(
         console.print("checking the Hugging Face token")
         for line in hub.preflight(values["HF_TOKEN"], base_model_of(pipeline), pipeline.spec.results.hub_repo):
             console.print(f"  {line}")
-    conn = connect.connection(c)
+    conn = connect.connection(c, console.print)
     console.print(f"connecting to {conn.host} ({'-H' if isinstance(c, type(conn)) else 'Pulumi stack outputs'})")
     vm = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
     name, why = choose_run(vm, vm.install(), run_name, new_run)

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 
 import paramiko
 from fabric import Connection
@@ -22,6 +23,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from ..errors import UserError
 from ..paths import REPO
+from . import hostkeys
 
 CONNECT_TIMEOUT_SECONDS = 15
 KEEPALIVE_SECONDS = 30
@@ -61,18 +63,24 @@ def one_host(hosts: list[str]) -> str:
     return hosts[0]
 
 
-def connection(c: Context) -> Connection:
-    """The Connection to the VM (not yet opened), with connect, banner and auth timeouts."""
+def connection(c: Context, say: Callable[[str], None]) -> Connection:
+    """The Connection to the VM (not yet opened): host keys pinned, connect, banner and auth timeouts.
+
+    The stack's VM is pinned from the Compute Engine API; a host given with -H must be in
+    ~/.ssh/known_hosts (see hostkeys.py).
+    """
     if isinstance(c, Connection):
         cli = _cli_hosts(sys.argv[1:])
         if len(cli) > 1:
             one_host(cli)
         conn = c
+        hostkeys.use_known_hosts(conn.client)
     else:
         outputs = stack_outputs()
         if not outputs.get("hosts"):
             raise UserError("the Pulumi stack has no `hosts` output yet: run `pulumi up` first")
         conn = Connection(one_host(outputs["hosts"]), user=outputs.get("ssh_user"), config=c.config)
+        hostkeys.pin_stack_vm(conn.client, outputs, conn.host, conn.port, say)
     # fab -t puts the timeout in connect_kwargs as well, which Connection.open then refuses as ambiguous
     timeout = int(conn.connect_kwargs.pop("timeout", 0)) or conn.connect_timeout or CONNECT_TIMEOUT_SECONDS
     conn.connect_timeout = timeout
@@ -87,6 +95,17 @@ def open_connection(conn: Connection) -> Connection:
     timeout = conn.connect_timeout
     try:
         conn.open()
+    except paramiko.BadHostKeyException as err:
+        raise UserError(
+            f"{where}: the host key changed: expected {hostkeys.describe(err.expected_key)}, got {hostkeys.describe(err.key)}. "
+            "Refused: another machine may answer at this address. If the VM was recreated, run `pulumi refresh` "
+            "(stack VM) or remove the old key with ssh-keygen -R (-H)"
+        ) from None
+    except hostkeys.UnknownHostKey as err:
+        raise UserError(
+            f"{where}: unknown host, not in {hostkeys.USER_KNOWN_HOSTS} (its key: {hostkeys.describe(err.key)}). "
+            f"If that is your VM's key, trust it once: fab -H {conn.user}@{conn.host}:{conn.port} trust-host"
+        ) from None
     except paramiko.AuthenticationException:
         raise UserError(
             f"{where}: the VM refused the SSH key (is tpu-rl:sshPublicKey the key you log in with? pass it with -i KEY)"

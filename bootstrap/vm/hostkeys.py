@@ -1,0 +1,213 @@
+"""Which SSH host key `fab` accepts: pinned from the Compute Engine API, or the user's known_hosts.
+
+Fabric accepts any host key by default, so a VM deleted on maintenance whose address
+went to someone else would receive the Hugging Face token. Instead:
+
+- The stack's VM publishes its host keys as guest attributes (`hostkeys/`, metadata
+  `enable-guest-attributes=TRUE`). Before the first connection `fab` reads them from the
+  Compute Engine API with the user's application-default credentials (as `gcloud compute
+  ssh` does) and pins them in a project-local known_hosts file under `compute.<instance
+  id>` and the address. A recreated VM has a new id and is pinned again; any other
+  machine at that address is refused.
+- With `-H`, the user's ~/.ssh/known_hosts decides. A changed key is always refused with
+  both fingerprints; an unknown one is refused until `fab -H HOST trust-host` records it.
+
+Either way the connection uses a reject policy: a key not pinned is never accepted.
+The Google client library is imported only when keys are fetched: it adds about half a
+second to every `fab` otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import paramiko
+from paramiko.hostkeys import HostKeyEntry
+
+from ..errors import UserError
+from ..paths import pinned_host_keys
+
+KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+HOST_KEY_WAIT_SECONDS = 300  # the guest agent publishes the keys within a minute or two of the first boot
+POLL_SECONDS = 5
+USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
+# For tests: a local stand-in of the Compute Engine API (plain http, no credentials).
+COMPUTE_API_ENV = "TPU_RL_COMPUTE_API"
+
+
+class UnknownHostKey(paramiko.SSHException):
+    """The host is not in known_hosts: refused, with its fingerprint for the user to check."""
+
+    def __init__(self, hostname: str, key: paramiko.PKey):
+        super().__init__(hostname)
+        self.hostname, self.key = hostname, key
+
+
+class RefuseUnknown(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client, hostname, key):
+        raise UnknownHostKey(hostname, key)
+
+
+class RecordNew(paramiko.MissingHostKeyPolicy):
+    """ssh's accept-new: an unknown host's key is recorded in known_hosts; a changed one is still refused."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.recorded: tuple[str, paramiko.PKey] | None = None
+
+    def missing_host_key(self, client, hostname, key):
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.path, "a") as known:
+            known.write(HostKeyEntry([hostname], key).to_line())
+        self.recorded = (hostname, key)
+
+
+def describe(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+def lookup_name(host: str, port: int) -> str:
+    """The name known_hosts files use for this address (as ssh and paramiko write it)."""
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+# --- The stack's VM: keys from the Compute Engine API ------------------------------------
+
+
+def _compute_client():
+    from google.api_core.client_options import ClientOptions
+    from google.cloud import compute_v1
+
+    endpoint = os.environ.get(COMPUTE_API_ENV)
+    if endpoint:
+        from google.auth.credentials import AnonymousCredentials
+
+        options = ClientOptions(api_endpoint=endpoint)
+        return compute_v1.InstancesClient(credentials=AnonymousCredentials(), transport="rest", client_options=options)
+    return compute_v1.InstancesClient(transport="rest")
+
+
+def published_keys(project: str, zone: str, instance: str) -> list[tuple[str, str]]:
+    """The VM's host keys as (type, base64) from its guest attributes, checked as gcloud checks them.
+
+    Empty when the VM has not published them yet.
+    """
+    from google.api_core import exceptions
+    from google.auth.exceptions import DefaultCredentialsError
+    from google.cloud import compute_v1
+
+    request = compute_v1.GetGuestAttributesInstanceRequest(
+        project=project, zone=zone, instance=instance, query_path="hostkeys/"
+    )
+    try:
+        answer = _compute_client().get_guest_attributes(request=request, timeout=30)
+    except DefaultCredentialsError:
+        raise UserError(
+            "no Google credentials to read the VM's SSH host keys: run `gcloud auth application-default login`"
+        ) from None
+    except exceptions.NotFound:
+        return []
+    except exceptions.Forbidden:
+        raise UserError(
+            f"your Google account may not read {instance}'s guest attributes "
+            f"(compute.instances.getGuestAttributes on {project}); the SSH host keys are pinned from there"
+        ) from None
+    except exceptions.GoogleAPIError as err:
+        raise UserError(f"the Compute Engine API failed reading {instance}'s SSH host keys: {err}") from None
+    keys = []
+    for item in answer.query_value.items:
+        if item.namespace != "hostkeys" or item.key not in KEY_TYPES:
+            continue
+        try:
+            blob = base64.b64decode(item.value, validate=True)
+        except binascii.Error:
+            continue
+        if base64.b64encode(blob).decode() == item.value.strip():
+            keys.append((item.key, item.value.strip()))
+    return keys
+
+
+def wait_for_keys(
+    project: str, zone: str, instance: str, say: Callable[[str], None], wait: float = HOST_KEY_WAIT_SECONDS
+) -> list[tuple[str, str]]:
+    """The published keys; a VM still booting gets `wait` seconds, with a heartbeat."""
+    deadline = time.monotonic() + wait
+    said = False
+    while not (keys := published_keys(project, zone, instance)):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise UserError(
+                f"{instance} has not published its SSH host keys (guest attributes hostkeys/) after {wait:.0f} s; "
+                "is the VM running, and was it created with enable-guest-attributes=TRUE (pulumi up)?"
+            )
+        if not said:
+            say(f"waiting for {instance} to publish its SSH host keys (first boot; up to {wait:.0f} s)")
+            said = True
+        time.sleep(min(POLL_SECONDS, left))
+    return keys
+
+
+class Pins:
+    """The project-local known_hosts file: each line `compute.<id>,<address> TYPE KEY`."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or pinned_host_keys()
+        self.entries = []
+        if self.path.exists():
+            lines = self.path.read_text().splitlines()
+            self.entries = [e for e in map(HostKeyEntry.from_line, lines) if e is not None]
+
+    def keys_for(self, instance_id: str) -> list[paramiko.PKey]:
+        return [e.key for e in self.entries if f"compute.{instance_id}" in e.hostnames]
+
+    def pin(self, instance_id: str, address: str, keys: list[paramiko.PKey]) -> None:
+        """Record `keys` for this instance at this address, replacing what was pinned for either."""
+        alias = f"compute.{instance_id}"
+        kept = [e for e in self.entries if alias not in e.hostnames and address not in e.hostnames]
+        self.entries = kept + [HostKeyEntry([alias, address], key) for key in keys]
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text("".join(e.to_line() for e in self.entries))
+        temporary.replace(self.path)
+
+
+def pin_stack_vm(client: paramiko.SSHClient, outputs: dict, host: str, port: int, say: Callable[[str], None]) -> None:
+    """Accept only the stack VM's own host keys at host:port (fetched and pinned on first use)."""
+    instance_id = str(outputs.get("instance_id") or "")
+    if not instance_id:
+        raise UserError("the Pulumi stack has no `instance_id` output: run `pulumi up` with this version first")
+    address = lookup_name(host, port)
+    pins = Pins()
+    keys = pins.keys_for(instance_id)
+    if not keys or address not in {name for e in pins.entries for name in e.hostnames}:
+        if not keys:
+            published = wait_for_keys(outputs["project"], outputs["zone"], outputs["instance_name"], say)
+            keys = [paramiko.PKey.from_type_string(kind, base64.b64decode(data)) for kind, data in published]
+            say(f"pinned {outputs['instance_name']}'s SSH host keys: {', '.join(map(describe, keys))}")
+        pins.pin(instance_id, address, keys)
+    for key in keys:
+        client.get_host_keys().add(address, key.get_name(), key)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+
+
+def use_known_hosts(client: paramiko.SSHClient) -> None:
+    """Accept only what ~/.ssh/known_hosts holds for the host; refuse unknown hosts."""
+    path = Path(USER_KNOWN_HOSTS).expanduser()
+    if path.exists():
+        client.load_host_keys(str(path))
+    client.set_missing_host_key_policy(RefuseUnknown())
+
+
+def trust_new(client: paramiko.SSHClient) -> RecordNew:
+    """Like ssh's accept-new: a host not in ~/.ssh/known_hosts is recorded; a changed key is refused."""
+    path = Path(USER_KNOWN_HOSTS).expanduser()
+    if path.exists():
+        client.load_host_keys(str(path))
+    policy = RecordNew(path)
+    client.set_missing_host_key_policy(policy)
+    return policy

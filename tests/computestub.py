@@ -1,0 +1,64 @@
+"""The one Compute Engine API call fab makes, on 127.0.0.1: instances.getGuestAttributes.
+
+The real google-cloud-compute client talks to it through TPU_RL_COMPUTE_API. Each
+instance publishes its host keys (or nothing yet: 404, as before the guest agent ran).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PATH = re.compile(
+    r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/getGuestAttributes\?queryPath=hostkeys%2F$"
+)
+
+
+@dataclass
+class Compute:
+    host_keys: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # instance -> (type, base64)
+    not_yet: dict[str, int] = field(default_factory=dict)  # instance -> answers to give as "not published"
+    requests: list[str] = field(default_factory=list)
+    url: str = ""
+
+
+def _handler(compute: Compute):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def answer(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            match = PATH.match(self.path)
+            if not match:
+                return self.answer(400, {"error": {"code": 400, "message": f"unexpected {self.path}"}})
+            instance = match.group(3)
+            compute.requests.append(instance)
+            if compute.not_yet.get(instance, 0) > 0 or instance not in compute.host_keys:
+                compute.not_yet[instance] = compute.not_yet.get(instance, 0) - 1
+                message = f"The resource 'projects/p/zones/z/instances/{instance}' was not found"
+                return self.answer(404, {"error": {"code": 404, "message": message}})
+            items = [
+                {"namespace": "hostkeys", "key": kind, "value": data} for kind, data in compute.host_keys[instance]
+            ]
+            self.answer(200, {"queryPath": "hostkeys/", "queryValue": {"items": items}})
+
+    return Handler
+
+
+def serve() -> tuple[Compute, ThreadingHTTPServer]:
+    compute = Compute()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(compute))
+    compute.url = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return compute, server
