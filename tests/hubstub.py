@@ -35,6 +35,20 @@ class Hub:
     url: str = ""
 
 
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def tree_entry(path: str, data: bytes) -> dict:
+    """A file as the Hub's tree API lists it: weights are LFS files (their SHA-256), the rest git blobs."""
+    entry = {"type": "file", "path": path, "size": len(data), "oid": git_blob_id(data)}
+    if path.endswith(".safetensors"):
+        pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\n"
+        entry["oid"] = git_blob_id(pointer.encode())
+        entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}
+    return entry
+
+
 def _handler(hub: Hub):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):  # keep test output clean
@@ -90,13 +104,7 @@ def _handler(hub: Hub):
                 files = hub.repos.get(m[1])
                 if files is None:
                     return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-                return self._send(
-                    200,
-                    [
-                        {"type": "file", "path": p, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
-                        for p, d in sorted(files.items())
-                    ],
-                )
+                return self._send(200, [tree_entry(p, d) for p, d in sorted(files.items())])
             return self._send(404, {"error": f"stub has no GET {path}"})
 
         def do_POST(self):

@@ -1,47 +1,49 @@
-"""Copy an exported model folder to Cloud Storage from the VM, then verify it.
+"""Copy an exported model folder to Cloud Storage from the VM, then verify it by hash.
 
     python3 gcs_upload.py FOLDER gs://BUCKET/PREFIX --marker COPIED.json
 
 Uses the VM's gcloud with the VM's service account (which may write the stack's
-bucket). `gcloud storage rsync` skips what is already there, so a re-run carries
-on; the marker is written only after every file is listed with its local size.
+bucket). The folder is first checked against its SHA256SUMS. `gcloud storage rsync
+--checksums-only` copies what differs by hash, so a re-run carries on and a same-size
+object with other contents is replaced. Parallel composite uploads are off, so every
+object has the MD5 that Cloud Storage computes on its side; the marker is written only
+after each file's MD5 matches the one Cloud Storage reports.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
-import re
 import subprocess
 import sys
 
-LISTING = re.compile(r"^\s*(\d+)\s+\S+\s+(gs://\S+)$")
+import manifest  # beside this script in the VM's tools folder
+
+ENV = {"CLOUDSDK_STORAGE_PARALLEL_COMPOSITE_UPLOAD_ENABLED": "False"}
 
 
 def commands(folder: str, url: str) -> tuple[list[str], list[str]]:
     """The copy and the listing that verifies it."""
     return (
-        ["gcloud", "storage", "rsync", "--recursive", folder, url],
-        ["gcloud", "storage", "ls", "--long", "--recursive", f"{url}/**"],
+        ["gcloud", "storage", "rsync", "--recursive", "--checksums-only", folder, url],
+        ["gcloud", "storage", "objects", "list", f"{url}/**", "--raw", "--format=json"],
     )
 
 
-def listed_sizes(listing: str, url: str) -> dict[str, int]:
-    """Relative path -> size from `gcloud storage ls --long` output."""
-    sizes = {}
-    for line in listing.splitlines():
-        if m := LISTING.match(line):
-            sizes[m[2].removeprefix(url.rstrip("/") + "/")] = int(m[1])
-    return sizes
+def listed_md5(listing: str, url: str) -> dict[str, str]:
+    """Relative path -> MD5 (base64, as Cloud Storage reports it) from the raw JSON listing."""
+    prefix = url.removeprefix("gs://").partition("/")[2].rstrip("/")
+    found = {}
+    for item in json.loads(listing or "[]"):
+        name = item["name"].removeprefix(f"{prefix}/") if prefix else item["name"]
+        found[name] = item.get("md5Hash", "")
+    return found
 
 
-def local_sizes(folder: str) -> dict[str, int]:
-    return {
-        os.path.relpath(os.path.join(root, name), folder): os.path.getsize(os.path.join(root, name))
-        for root, _, names in os.walk(folder)
-        for name in names
-    }
+def local_md5(path: str) -> str:
+    return base64.b64encode(bytes.fromhex(manifest.file_digest(path, "md5"))).decode()
 
 
 def main(argv: list[str]) -> int:
@@ -51,18 +53,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--marker", required=True)
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
+    try:
+        names = [*manifest.read_verified(args.folder), manifest.NAME]
+    except ValueError as err:
+        print(f"[tpu-rl] not copying: {err}", flush=True)
+        return 1
     copy, listing = commands(args.folder, url)
     print(f"[tpu-rl] copying {args.folder} to {url}", flush=True)
-    subprocess.run(copy, check=True)
-    remote = listed_sizes(subprocess.run(listing, check=True, capture_output=True, text=True).stdout, url)
-    wanted = local_sizes(args.folder)
-    wrong = [p for p, size in wanted.items() if remote.get(p) != size]
+    subprocess.run(copy, check=True, env={**os.environ, **ENV})
+    remote = listed_md5(subprocess.run(listing, check=True, capture_output=True, text=True).stdout, url)
+    wrong = [name for name in names if remote.get(name) != local_md5(os.path.join(args.folder, name))]
     if wrong:
-        print(f"[tpu-rl] verification failed for {', '.join(sorted(wrong))}", flush=True)
+        print(f"[tpu-rl] verification failed: Cloud Storage's MD5 differs for {', '.join(sorted(wrong))}", flush=True)
         return 1
+    total = sum(os.path.getsize(os.path.join(args.folder, name)) for name in names)
     with open(args.marker, "w") as f:
-        json.dump({"url": url, "files": len(wanted), "bytes": sum(wanted.values())}, f)
-    print(f"[tpu-rl] verified {len(wanted)} files at {url}", flush=True)
+        json.dump({"url": url, "files": len(names), "bytes": total}, f)
+    print(f"[tpu-rl] verified {len(names)} files at {url} (MD5 reported by Cloud Storage)", flush=True)
     return 0
 
 

@@ -4,36 +4,56 @@
 
 Runs with the MaxText venv's Python (huggingface_hub comes with MaxText). The token
 comes from HF_TOKEN in the environment and the Hub from HF_ENDPOINT. One commit per
-file, largest last: a re-run skips every file the repo already holds at the same
-size, so an interrupted 16 GB upload carries on instead of starting over. The marker
-is written only after the repo's file list and sizes match the folder.
+file, largest last. A file counts as on the Hub only when the Hub's own hash of it
+matches ours: the LFS SHA-256 for large files (checked against the export's
+SHA256SUMS), the git blob id for small ones. So a re-run carries on an interrupted
+16 GB upload without sending finished files again, and still replaces a file of the
+same size with other contents. The marker is written only after every file verifies.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 
+import manifest  # beside this script in the VM's tools folder
 from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoFile
 
 CARD_NAME = "README.md"
 
 
-def local_files(folder: str) -> dict[str, int]:
-    files = {}
-    for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in names:
-            path = os.path.join(root, name)
-            files[os.path.relpath(path, folder)] = os.path.getsize(path)
-    return files
+def git_blob_id(path: str) -> str:
+    """The id git (and the Hub) gives a file's contents: sha1 of `blob <size>\\0<bytes>`."""
+    digest = hashlib.sha1(f"blob {os.path.getsize(path)}\0".encode())
+    with open(path, "rb") as f:
+        while chunk := f.read(manifest.CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
-def remote_files(api: HfApi, repo_id: str) -> dict[str, int]:
-    return {f.path: f.size for f in api.list_repo_tree(repo_id, recursive=True) if isinstance(f, RepoFile)}
+def matches(remote: RepoFile | None, sha256: str, source: str) -> bool:
+    """Whether the Hub holds exactly this file."""
+    if remote is None:
+        return False
+    if remote.lfs is not None:
+        return remote.lfs.sha256 == sha256
+    return remote.blob_id == git_blob_id(source)
+
+
+def remote_files(api: HfApi, repo_id: str) -> dict[str, RepoFile]:
+    return {f.path: f for f in api.list_repo_tree(repo_id, recursive=True) if isinstance(f, RepoFile)}
+
+
+def wanted_files(folder: str, card: str) -> dict[str, tuple[str, str]]:
+    """Path in the repo -> (local file, SHA-256): the manifest's files (checked), itself and the model card."""
+    wanted = {name: (os.path.join(folder, name), digest) for name, digest in manifest.read_verified(folder).items()}
+    for name, source in ((manifest.NAME, os.path.join(folder, manifest.NAME)), (CARD_NAME, card)):
+        wanted[name] = (source, manifest.file_digest(source))
+    return wanted
 
 
 def main(argv: list[str]) -> int:
@@ -48,24 +68,31 @@ def main(argv: list[str]) -> int:
     api = HfApi()
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)
     print(f"[tpu-rl] repository {url} ({'private' if args.private else 'public'})", flush=True)
-    wanted = {**local_files(args.folder), CARD_NAME: os.path.getsize(args.card)}
-    present = remote_files(api, args.repo_id)
-    todo = sorted((p for p in wanted if present.get(p) != wanted[p]), key=wanted.get)
-    print(f"[tpu-rl] {len(wanted) - len(todo)} of {len(wanted)} files already on the Hub", flush=True)
-    for number, path in enumerate(todo, 1):
-        source = args.card if path == CARD_NAME else os.path.join(args.folder, path)
-        api.upload_file(
-            path_or_fileobj=source, path_in_repo=path, repo_id=args.repo_id, commit_message=f"Upload {path}"
-        )
-        print(f"[tpu-rl] uploaded {number}/{len(todo)} {path} ({wanted[path] / 2**20:.1f} MiB)", flush=True)
-    present = remote_files(api, args.repo_id)
-    wrong = [p for p, size in wanted.items() if present.get(p) != size]
-    if wrong:
-        print(f"[tpu-rl] verification failed: the Hub has other sizes for {', '.join(wrong)}", flush=True)
+    try:
+        wanted = wanted_files(args.folder, args.card)
+    except ValueError as err:
+        print(f"[tpu-rl] not uploading: {err}", flush=True)
         return 1
+    present = remote_files(api, args.repo_id)
+    sizes = {name: os.path.getsize(source) for name, (source, _) in wanted.items()}
+    todo = sorted(
+        (p for p, (source, digest) in wanted.items() if not matches(present.get(p), digest, source)), key=sizes.get
+    )
+    print(f"[tpu-rl] {len(wanted) - len(todo)} of {len(wanted)} files already on the Hub (hashes match)", flush=True)
+    for number, path in enumerate(todo, 1):
+        api.upload_file(
+            path_or_fileobj=wanted[path][0], path_in_repo=path, repo_id=args.repo_id, commit_message=f"Upload {path}"
+        )
+        print(f"[tpu-rl] uploaded {number}/{len(todo)} {path} ({sizes[path] / 2**20:.1f} MiB)", flush=True)
+    present = remote_files(api, args.repo_id)
+    wrong = [p for p, (source, digest) in wanted.items() if not matches(present.get(p), digest, source)]
+    if wrong:
+        print(f"[tpu-rl] verification failed: the Hub's hashes differ for {', '.join(wrong)}", flush=True)
+        return 1
+    total = sum(sizes.values())
     with open(args.marker, "w") as f:
-        json.dump({"repo": args.repo_id, "url": str(url), "files": len(wanted), "bytes": sum(wanted.values())}, f)
-    print(f"[tpu-rl] verified {len(wanted)} files ({sum(wanted.values()) / 2**30:.2f} GiB) at {url}", flush=True)
+        json.dump({"repo": args.repo_id, "url": str(url), "files": len(wanted), "bytes": total}, f)
+    print(f"[tpu-rl] verified {len(wanted)} files ({total / 2**30:.2f} GiB, SHA-256) at {url}", flush=True)
     return 0
 
 

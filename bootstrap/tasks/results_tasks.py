@@ -40,10 +40,12 @@ def fetch_metrics(c, arg=None, run_name=None):
 @task(iterable=["arg"], help={"dest": "local folder (default runs/<run>/model)", "arg": ARG_HELP, "run_name": RUN_HELP})
 @reports_errors
 def download(c, dest=None, arg=None, run_name=None):
-    """Copy the exported model from the VM to this machine (resumable, sizes verified)."""
+    """Copy the exported model from the VM to this machine (resumable; every file verified by SHA-256)."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
     remote = session.plan.export_folder()
     local = Path(dest) if dest else session.record.folder / "model"
     console.print(f"downloading {session.vm.name}:{remote} to {local}")
-    files = session.vm.download(remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)"))
-    console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, sizes verified: {local}")
+    files = session.vm.download_verified(
+        remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)")
+    )
+    console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, SHA-256 verified: {local}")

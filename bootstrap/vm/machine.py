@@ -26,12 +26,13 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..jobs.plan import PlannedJob
-from ..remote import jobrunner
+from ..remote import jobrunner, manifest
 from ..remote.jobrunner import JobState, Layout
 from .output import Cleaner, lines
 
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
-TOOLS = ("jobrunner.py", "maxtext_check.py", "hub_upload.py", "gcs_upload.py", "export_config.py")
+MAX_MANIFEST_BYTES = 1 << 20
+TOOLS = ("jobrunner.py", "maxtext_check.py", "hub_upload.py", "gcs_upload.py", "export_config.py", "manifest.py")
 CHUNK = 64 * 1024
 IDLE_SECONDS = 5
 COMMAND_TIMEOUT_SECONDS = 120
@@ -352,27 +353,75 @@ class Vm:
     def download(
         self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None
     ) -> dict[str, int]:
-        """Copy a remote folder file by file; files already here at the same size are kept (resumable).
-
-        Each file lands under a .part name and is renamed only when complete.
-        """
+        """Copy a folder that grows in place (TensorBoard events): files here at the same size are kept."""
         files = self.list_files(directory)
         if not files:
             raise UserError(f"{self.name}: nothing to download in {directory}")
         sftp = self.conn.sftp()
         for path, size in sorted(files.items()):
-            target = local / path
-            if target.exists() and target.stat().st_size == size:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_name(target.name + ".part")
-            sftp.get(self._sftp_path(f"{directory}/{path}"), str(partial))
-            partial.replace(target)
-            on_file(path, size)
-        wrong = [p for p, size in files.items() if (local / p).stat().st_size != size]
-        if wrong:
-            raise UserError(f"downloaded sizes differ from the VM for {', '.join(wrong)}; run the command again")
+            target = _inside(local, path, f"{self.name}:{directory}")
+            if not (target.exists() and target.stat().st_size == size):
+                self._fetch(sftp, f"{directory}/{path}", target)
+                on_file(path, size)
         return files
+
+    def download_verified(
+        self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None
+    ) -> dict[str, int]:
+        """Copy the files an export's SHA256SUMS names, each verified by SHA-256 (resumable).
+
+        A file here whose hash differs (another run's shard of the same size, a damaged
+        copy) is fetched again; a fetched file that still differs fails the download.
+        Names that would land outside `local` are refused before anything is written.
+        """
+        where = f"{self.name}:{directory}/{manifest.NAME}"
+        sftp = self.conn.sftp()
+        with self._io():
+            try:
+                with sftp.open(self._sftp_path(f"{directory}/{manifest.NAME}")) as f:
+                    text = f.read(MAX_MANIFEST_BYTES).decode("utf-8", "replace")
+            except FileNotFoundError:
+                raise UserError(f"{where}: not found; the export is not finished (run fab export)") from None
+        try:
+            digests = manifest.parse(text)
+        except ValueError as err:
+            raise UserError(f"{where}: {err}; refused, nothing written to {local}") from None
+        targets = {name: _inside(local, name, where) for name in digests}
+        sizes = {}
+        for name, digest in sorted(digests.items()):
+            target = targets[name]
+            if not (target.exists() and manifest.file_digest(str(target)) == digest):
+                self._fetch(sftp, f"{directory}/{name}", target)
+                if manifest.file_digest(str(target)) != digest:
+                    target.unlink()
+                    raise UserError(f"{name}: SHA-256 of the copy differs from {where}; run the command again")
+                on_file(name, target.stat().st_size)
+            sizes[name] = target.stat().st_size
+        (local / manifest.NAME).write_text(text)
+        return sizes
+
+    def _fetch(self, sftp: paramiko.SFTPClient, remote: str, target: Path) -> None:
+        """One file, under a .part name renamed only when complete."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".part")
+        with self._io():
+            try:
+                sftp.get(self._sftp_path(remote), str(partial))
+            except FileNotFoundError:
+                raise UserError(f"{self.name}:{remote}: not on the VM") from None
+        partial.replace(target)
 
     def put_text(self, path: str, text: str) -> None:
         self.conn.sftp().putfo(io.BytesIO(text.encode()), self._sftp_path(path))
+
+
+def _inside(local: Path, name: str, source: str) -> Path:
+    """Where a file named by the VM lands here; refuse a name that would land outside `local`."""
+    try:
+        manifest.check_name(name)
+    except ValueError as err:
+        raise UserError(f"{source}: {err}; refusing to write outside {local}") from None
+    target = local / name
+    if not target.resolve().is_relative_to(local.resolve()):
+        raise UserError(f"{source}: {name!r} would land outside {local} (through a link); refused")
+    return target

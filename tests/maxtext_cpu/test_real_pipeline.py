@@ -103,6 +103,8 @@ def test_the_export_is_servable_and_every_tensor_round_trips(run: dict):
     )
     assert compare.returncode == 0, compare.stdout + compare.stderr
     assert "291 tensors equal within bf16 tolerance, dtype bfloat16" in compare.stdout
+    sums = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=export, capture_output=True, text=True)
+    assert sums.returncode == 0 and ".safetensors: OK" in sums.stdout, sums.stdout + sums.stderr
 
 
 def test_a_rerun_is_a_no_op_and_a_lost_export_runs_alone_again(cpu_fab: Fab, run: dict):

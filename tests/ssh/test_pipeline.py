@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 
 from tests.loopback import Fab
 
@@ -24,6 +25,7 @@ def test_fresh_run_goes_through_all_jobs_then_a_second_is_a_no_op(fab: Fab):
     assert len(list((fab.tmp / "state" / "shared").glob("convert-*/done"))) == 1
     export = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
     assert sorted(p.name for p in export.iterdir()) == [
+        "SHA256SUMS",
         "chat_template.jinja",
         "config.json",
         "generation_config.json",
@@ -128,3 +130,23 @@ def test_metrics_and_download_after_a_run(fab: Fab):
     again = fab("download")
     assert again.returncode == 0, again.stderr
     assert "config.json" in again.stdout and "model.safetensors" not in again.stdout
+    weights = model / "model.safetensors"
+    weights.write_bytes(b"\0" * weights.stat().st_size)  # damaged here, same size
+    repaired = fab("download")
+    assert repaired.returncode == 0 and "model.safetensors" in repaired.stdout
+    assert weights.read_bytes() == (remote / "model.safetensors").read_bytes()
+    assert "SHA-256 verified" in repaired.stdout
+    verified = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=model, capture_output=True, text=True)
+    assert verified.returncode == 0, verified.stdout  # the manifest is sha256sum's own format
+
+
+def test_download_refuses_names_that_leave_dest(fab: Fab):
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / current_run(fab)
+    dest = fab.tmp / "dest" / "model"
+    for hostile in ("../escaped", "/tmp/escaped", "a/../../escaped"):
+        (remote / "SHA256SUMS").write_text(f"{'0' * 64}  config.json\n{'1' * 64}  {hostile}\n")
+        result = fab("download", "--dest", str(dest))
+        assert result.returncode == 2
+        assert f"{hostile!r} is not a plain relative file name; refused, nothing written to {dest}" in result.stderr
+        assert not dest.exists() and not (fab.tmp / "dest" / "escaped").exists()

@@ -14,6 +14,10 @@ def set_results(fab: Fab, **results) -> None:
     path.write_text(yaml.safe_dump(pipeline, sort_keys=False))
 
 
+def current_run(fab: Fab) -> str:
+    return (fab.tmp / "state" / "current-run").read_text().strip()
+
+
 def exported(fab: Fab, run: str) -> dict[str, bytes]:
     folder = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
     return {p.name: p.read_bytes() for p in folder.iterdir()}
@@ -51,13 +55,15 @@ def test_upload_that_fails_half_way_resumes_without_sending_files_again(fab: Fab
     assert "config.json" in sent_before and "model.safetensors" not in sent_before
 
     fab.hub.fail_commits_of.clear()
+    files = fab.hub.repos[repo]
+    files["config.json"] = b" " * len(files["config.json"])  # same size, other contents (a git blob)
+    files["model.safetensors"] = b"\0" * len(exported(fab, current_run(fab))["model.safetensors"])  # (an LFS file)
     resumed = fab("train", "--arg", "vars.num_batches=2")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "export: done already" in resumed.stdout
     new = fab.hub.commits[repo][len(sent_before) :]
-    assert new == ["model.safetensors"]  # nothing sent twice
-    run = (fab.tmp / "state" / "current-run").read_text().strip()
-    assert {k: v for k, v in fab.hub.repos[repo].items() if k != "README.md"} == exported(fab, run)
+    assert new == ["config.json", "model.safetensors"]  # the two that differ by hash, nothing else sent twice
+    assert {k: v for k, v in fab.hub.repos[repo].items() if k != "README.md"} == exported(fab, current_run(fab))
 
 
 def test_no_durable_target_says_so_plainly(fab: Fab):

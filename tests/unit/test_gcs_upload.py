@@ -1,31 +1,102 @@
-"""The Cloud Storage copy: the exact gcloud commands and the check of what they report."""
+"""The Cloud Storage copy: the exact gcloud commands, and a verification by the MD5 that GCS reports.
 
-from bootstrap.remote import gcs_upload
-
-URL = "gs://my-results/2026-11-30-12-00-00"
-LISTING = f"""      4096  2026-11-30T12:10:00Z  {URL}/config.json
- 5000000000  2026-11-30T12:11:00Z  {URL}/model-00001-of-00004.safetensors
-      1024  2026-11-30T12:11:30Z  {URL}/sub/tokenizer.json
-TOTAL: 3 objects, 5000005120 bytes (4.66GiB)
+A `gcloud` stand-in on PATH keeps the "bucket" in a folder; it can be told to skip
+objects that already exist at the same size (as a size-based sync would).
 """
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+
+import pytest
+
+from bootstrap.remote import gcs_upload, manifest
+
+URL = "gs://my-results/runs/2026-11-30-12-00-00"
+FAKE_GCLOUD = r"""#!PYTHON
+import base64, hashlib, json, os, shutil, sys
+bucket = os.environ["FAKE_BUCKET"]
+args = sys.argv[1:]
+if args[:2] == ["storage", "rsync"]:
+    source = args[-2]
+    assert os.environ.get("CLOUDSDK_STORAGE_PARALLEL_COMPOSITE_UPLOAD_ENABLED") == "False"
+    for name in os.listdir(source):
+        target = os.path.join(bucket, name)
+        same_size = os.path.exists(target) and os.path.getsize(target) == os.path.getsize(os.path.join(source, name))
+        if not (same_size and os.environ.get("FAKE_SIZE_ONLY")):
+            shutil.copy(os.path.join(source, name), target)
+elif args[:3] == ["storage", "objects", "list"]:
+    items = [
+        {"name": "runs/2026-11-30-12-00-00/" + n, "size": str(os.path.getsize(os.path.join(bucket, n))),
+         "md5Hash": base64.b64encode(hashlib.md5(open(os.path.join(bucket, n), "rb").read()).digest()).decode()}
+        for n in sorted(os.listdir(bucket))
+    ]
+    print(json.dumps(items))
+else:
+    sys.exit("unexpected " + " ".join(args))
+"""
+
+
+@pytest.fixture
+def export(tmp_path, monkeypatch):
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"weights of run 2")
+    manifest.write(str(folder))
+    bin_dir, bucket = tmp_path / "bin", tmp_path / "bucket"
+    bin_dir.mkdir(), bucket.mkdir()
+    (bin_dir / "gcloud").write_text(FAKE_GCLOUD.replace("PYTHON", sys.executable))
+    (bin_dir / "gcloud").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_BUCKET", str(bucket))
+    return folder, bucket
 
 
 def test_commands():
     copy, listing = gcs_upload.commands("/dev/shm/llama3.1-8b-Instruct/hf-trained/r1", URL)
-    assert copy == ["gcloud", "storage", "rsync", "--recursive", "/dev/shm/llama3.1-8b-Instruct/hf-trained/r1", URL]
-    assert listing == ["gcloud", "storage", "ls", "--long", "--recursive", f"{URL}/**"]
+    assert copy == [
+        "gcloud", "storage", "rsync", "--recursive", "--checksums-only", "/dev/shm/llama3.1-8b-Instruct/hf-trained/r1", URL
+    ]  # fmt: skip
+    assert listing == ["gcloud", "storage", "objects", "list", f"{URL}/**", "--raw", "--format=json"]
 
 
-def test_listing_sizes():
-    assert gcs_upload.listed_sizes(LISTING, URL) == {
-        "config.json": 4096,
-        "model-00001-of-00004.safetensors": 5000000000,
-        "sub/tokenizer.json": 1024,
-    }
+def test_listing_md5_relative_to_the_prefix():
+    listing = json.dumps([{"name": "runs/2026-11-30-12-00-00/sub/config.json", "size": "4", "md5Hash": "abc="}])
+    assert gcs_upload.listed_md5(listing, URL) == {"sub/config.json": "abc="}
 
 
-def test_local_sizes(tmp_path):
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "config.json").write_bytes(b"x" * 10)
-    (tmp_path / "sub" / "tokenizer.json").write_bytes(b"y" * 3)
-    assert gcs_upload.local_sizes(str(tmp_path)) == {"config.json": 10, "sub/tokenizer.json": 3}
+def test_copy_verified_by_md5_writes_the_marker(export, tmp_path):
+    folder, bucket = export
+    marker = tmp_path / "COPIED.json"
+    assert gcs_upload.main([str(folder), URL, "--marker", str(marker)]) == 0
+    assert json.loads(marker.read_text())["files"] == 3  # config, weights, SHA256SUMS
+    assert (bucket / "model.safetensors").read_bytes() == b"weights of run 2"
+
+
+def test_same_size_object_from_another_run_fails_verification(export, tmp_path, monkeypatch, capsys):
+    folder, bucket = export
+    (bucket / "model.safetensors").write_bytes(b"weights of run 1")  # same size, other contents
+    monkeypatch.setenv("FAKE_SIZE_ONLY", "1")
+    marker = tmp_path / "COPIED.json"
+    assert gcs_upload.main([str(folder), URL, "--marker", str(marker)]) == 1
+    assert "Cloud Storage's MD5 differs for model.safetensors" in capsys.readouterr().out
+    assert not marker.exists()
+
+
+def test_a_file_changed_since_export_is_not_copied(export, tmp_path, capsys):
+    folder, bucket = export
+    (folder / "model.safetensors").write_bytes(b"weights of run X")
+    assert gcs_upload.main([str(folder), URL, "--marker", str(tmp_path / "m")]) == 1
+    assert "model.safetensors no longer match SHA256SUMS" in capsys.readouterr().out
+    assert not list(bucket.iterdir())
+
+
+def test_local_md5_is_what_gcs_reports(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"hello")
+    assert gcs_upload.local_md5(str(path)) == base64.b64encode(hashlib.md5(b"hello").digest()).decode()

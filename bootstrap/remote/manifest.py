@@ -1,0 +1,91 @@
+"""The export's manifest: SHA-256 of every file, written on the VM right after export.
+
+    python3 manifest.py FOLDER      # writes FOLDER/SHA256SUMS
+
+The format is `sha256sum`'s (`HEX  NAME` per line), so `sha256sum -c SHA256SUMS` checks
+a copy anywhere. `fab download`, the Hub upload and the Cloud Storage copy all verify
+against it, so two runs' shards of equal size, or a file damaged in place, are never
+taken for each other. Names are relative and plain: `check_name` refuses anything that
+could land outside the folder it is copied into. Runs on the VM's python3 (stdlib only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+NAME = "SHA256SUMS"
+CHUNK = 4 << 20
+
+
+def file_digest(path: str, algorithm: str = "sha256") -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_name(name: str) -> str:
+    """A relative path inside the folder: no absolute path, no `..`, no empty or odd part."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a plain relative file name")
+    if any(ord(c) < 32 for c in name):
+        raise ValueError(f"{name!r} holds a control character")
+    return name
+
+
+def files_of(folder: str) -> list[str]:
+    """Every file below `folder` except the manifest itself and hidden folders (e.g. .cache)."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [os.path.relpath(os.path.join(root, n), folder) for n in sorted(names)]
+    return [name for name in found if name != NAME]
+
+
+def render(digests: dict[str, str]) -> str:
+    return "".join(f"{digests[name]}  {name}\n" for name in sorted(digests))
+
+
+def parse(text: str) -> dict[str, str]:
+    """Name -> SHA-256 hex; raise ValueError on a malformed line or an unsafe name."""
+    digests = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"{NAME} line {number} is not `SHA256  NAME`")
+        digests[check_name(name)] = digest
+    return digests
+
+
+def read_verified(folder: str) -> dict[str, str]:
+    """The folder's manifest, after checking every file against it; raise ValueError naming what differs."""
+    with open(os.path.join(folder, NAME)) as f:
+        digests = parse(f.read())
+    wrong = [name for name, digest in digests.items() if file_digest(os.path.join(folder, name)) != digest]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} no longer match {NAME} in {folder}")
+    return digests
+
+
+def write(folder: str) -> dict[str, str]:
+    """Hash every file and write the manifest atomically (a reader never sees half of it)."""
+    digests = {name: file_digest(os.path.join(folder, name)) for name in files_of(folder)}
+    temporary = os.path.join(folder, f".{NAME}.tmp")
+    with open(temporary, "w") as f:
+        f.write(render(digests))
+    os.replace(temporary, os.path.join(folder, NAME))
+    return digests
+
+
+def main(argv: list[str]) -> int:
+    digests = write(argv[0])
+    print(f"[tpu-rl] {NAME}: SHA-256 of {len(digests)} files in {argv[0]}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,57 @@
+"""SHA256SUMS: sha256sum's own format, and no name that could leave the folder it is copied into."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bootstrap.errors import UserError
+from bootstrap.remote import manifest
+from bootstrap.vm.machine import _inside
+
+
+def test_written_manifest_is_checked_by_sha256sum(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "sub" / "model.safetensors").write_bytes(b"w" * 1000)
+    (tmp_path / ".cache").mkdir()
+    (tmp_path / ".cache" / "x").write_text("not part of the export")
+    digests = manifest.write(str(tmp_path))
+    assert set(digests) == {"config.json", "sub/model.safetensors"}
+    checked = subprocess.run(["sha256sum", "-c", manifest.NAME], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 0 and checked.stdout.count(": OK") == 2
+    assert manifest.parse((tmp_path / manifest.NAME).read_text()) == digests
+    assert manifest.read_verified(str(tmp_path)) == digests
+
+
+def test_a_file_changed_after_the_manifest_is_named(tmp_path):
+    (tmp_path / "a").write_bytes(b"one")
+    manifest.write(str(tmp_path))
+    (tmp_path / "a").write_bytes(b"two")  # same size
+    with pytest.raises(ValueError, match="a no longer match SHA256SUMS"):
+        manifest.read_verified(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "/etc/passwd", "a/../../x", "a//b", "./a", "", "a\\..\\b", "a/\x1b[2J", "dir/"]
+)
+def test_unsafe_names_are_refused(name):
+    with pytest.raises(ValueError):
+        manifest.parse(f"{'0' * 64}  {name}\n")
+
+
+@pytest.mark.parametrize("line", ["abc  x", f"{'0' * 64} x", f"{'G' * 64}  x", "x"])
+def test_malformed_lines_are_refused(line):
+    with pytest.raises(ValueError, match="line 1 is not"):
+        manifest.parse(line + "\n")
+
+
+def test_a_link_out_of_dest_is_refused(tmp_path):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "out").symlink_to(tmp_path)
+    with pytest.raises(UserError, match="would land outside"):
+        _inside(dest, "out/escaped", "vm:/export/SHA256SUMS")
+    assert _inside(dest, "sub/ok", "vm") == Path(dest / "sub" / "ok")
