@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests import stubserver
 
 PATH = re.compile(
     r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/getGuestAttributes\?queryPath=hostkeys%2F$"
@@ -58,7 +59,4 @@ def _handler(compute: Compute):
 
 def serve() -> tuple[Compute, ThreadingHTTPServer]:
     compute = Compute()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(compute))
-    compute.url = f"http://127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return compute, server
+    return compute, stubserver.start(compute, _handler)

@@ -12,9 +12,10 @@ import gzip
 import hashlib
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from tests import stubserver
 
 GATED = {"meta-llama/Llama-3.1-8B-Instruct"}
 
@@ -154,7 +155,4 @@ def _handler(hub: Hub):
 
 def serve() -> tuple[Hub, ThreadingHTTPServer]:
     hub = Hub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(hub))
-    hub.url = f"http://127.0.0.1:{server.server_address[1]}"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return hub, server
+    return hub, stubserver.start(hub, _handler)

@@ -139,15 +139,15 @@ def wait_for_keys(
     deadline = time.monotonic() + wait
     said = False
     while not (keys := published_keys(project, zone, instance)):
+        if not said:
+            say(f"waiting for {instance} to publish its SSH host keys (first boot; up to {wait:.0f} s)")
+            said = True
         left = deadline - time.monotonic()
         if left <= 0:
             raise UserError(
                 f"{instance} has not published its SSH host keys (guest attributes hostkeys/) after {wait:.0f} s; "
                 "is the VM running, and was it created with enable-guest-attributes=TRUE (pulumi up)?"
             )
-        if not said:
-            say(f"waiting for {instance} to publish its SSH host keys (first boot; up to {wait:.0f} s)")
-            said = True
         time.sleep(min(POLL_SECONDS, left))
     return keys
 

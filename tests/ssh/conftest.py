@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tests import hubstub
+from tests import computestub, hubstub
 from tests.loopback import REPO, Fab, loopback_host, write_test_jobs
 
 
@@ -22,12 +22,23 @@ def ssh_host(tmp_path_factory):
         yield host
 
 
+def _served(stub):
+    """A stand-in's state while its server runs."""
+    state, server = stub.serve()
+    yield state
+    server.shutdown()
+
+
 @pytest.fixture(scope="session")
 def hub():
     """The Hub stand-in both ends use: fab's token preflight and the upload job on the "VM"."""
-    state, server = hubstub.serve()
-    yield state
-    server.shutdown()
+    yield from _served(hubstub)
+
+
+@pytest.fixture(scope="session")
+def compute():
+    """The Compute Engine API stand-in that publishes VMs' SSH host keys."""
+    yield from _served(computestub)
 
 
 @pytest.fixture

@@ -31,13 +31,6 @@ def key_fields(public_key_file) -> tuple[str, str]:
     return kind, blob
 
 
-@pytest.fixture(scope="module")
-def compute():
-    state, server = computestub.serve()
-    yield state
-    server.shutdown()
-
-
 @pytest.fixture
 def other_key(tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "other"], check=True)
