@@ -12,12 +12,15 @@ import os
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bootstrap.paths import REPO
-from tests.unit.test_bad_inputs import ARG_CASES, FAB, RUN_NAME_CASES, YAML_CASES
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bootstrap.paths import REPO  # noqa: E402
+from tests.unit.test_bad_inputs import ARG_CASES, FAB, RUN_NAME_CASES, YAML_CASES  # noqa: E402
 
 
 def main() -> None:
