@@ -68,9 +68,14 @@ KEYS = (
             "resultsBucket",
             "serviceAccountEmail",
             "v6eZones",
+            "backend",
+            "gkeTopology",
+            "gkeClusterName",
+            "gkeCpuMachineType",
         )
     ),
 )
+GKE_CLUSTER_NAME = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")
 GCE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 GCP_PROJECT = re.compile(r"[a-z][-a-z0-9]{4,28}[a-z0-9]")
 ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
@@ -78,6 +83,11 @@ LINUX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9_-]{1,61}[a-z0-9]")
 NETWORK = re.compile(r"(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/global/networks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 SERVICE_ACCOUNT = re.compile(r"[a-z0-9][-a-z0-9]*@[a-z0-9][-a-z0-9.]*\.gserviceaccount\.com")
+BACKENDS = ("vm", "gke")
+# Multi-host v6e slices of ct6e-standard-4t hosts (4 chips each), as XPK's system characteristics list them.
+GKE_TOPOLOGIES = ("2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+CHIPS_PER_HOST = 4
+MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*-[a-z0-9-]+")
 EVERYWHERE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 
 
@@ -87,6 +97,25 @@ class ConfigError(pulumi.RunError):
 
 def fail(key: str, problem: str, fix: str) -> None:
     raise ConfigError(f"{key}: {problem}. {fix}")
+
+
+@dataclass(frozen=True)
+class GkeSettings:
+    """The `gke` backend: a cluster with one multi-host v6e slice and a CPU pool for the Pathways head."""
+
+    cluster_name: str
+    topology: str
+    cpu_machine_type: str
+
+    @property
+    def chips(self) -> int:
+        rows, columns = map(int, self.topology.split("x"))
+        return rows * columns
+
+    @property
+    def nodes(self) -> int:
+        """ct6e-standard-4t hosts in the slice (4x4 -> 4)."""
+        return self.chips // CHIPS_PER_HOST
 
 
 @dataclass(frozen=True)
@@ -111,6 +140,7 @@ class Settings:
     results_bucket: str | None
     service_account_email: str | None
     v6e_zones: tuple[str, ...]
+    gke: GkeSettings | None = None  # set when tpu-rl:backend is gke
 
     @property
     def region(self) -> str:
@@ -271,18 +301,18 @@ def read(raw: Mapping[str, str | None]) -> Settings:
             "missing; FLEX_START VMs need a maximum run time",
             f"Set it, e.g. pulumi config set {t}maxRunDurationSeconds 14400",
         )
+    backend = r.text(t + "backend") or "vm"
+    if backend not in BACKENDS:
+        fail(
+            t + "backend",
+            f"unknown backend {backend[:40]!r}",
+            "Use vm (one TPU VM over SSH) or gke (a multi-host slice)",
+        )
+    gke = _gke(r, t) if backend == "gke" else None
     os_login = r.boolean(t + "osLogin")
     public_key = r.text(t + "sshPublicKey")
-    if os_login and public_key:
-        fail(t + "sshPublicKey", f"set together with {t}osLogin", "Use one: OS Login manages keys itself")
-    if not os_login:
-        if not public_key:
-            fail(
-                t + "sshPublicKey",
-                "missing; Fabric needs SSH access",
-                f'Set it: pulumi config set {t}sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"',
-            )
-        check_public_key(t + "sshPublicKey", raw[t + "sshPublicKey"].strip())
+    if gke is None:  # on gke, jobs reach the slice through the Kubernetes API: no SSH key
+        _check_ssh_access(t, os_login, public_key)
     ranges, open_to_all = source_ranges(t + "sshSourceRanges", r.strings(t + "sshSourceRanges"))
     return Settings(
         gcp_project=gcp_project,
@@ -305,6 +335,49 @@ def read(raw: Mapping[str, str | None]) -> Settings:
             t + "serviceAccountEmail", SERVICE_ACCOUNT, "A service account email, NAME@PROJECT.iam.gserviceaccount.com"
         ),
         v6e_zones=tuple(v6e_zones),
+        gke=gke,
+    )
+
+
+def _check_ssh_access(t: str, os_login: bool, public_key: str | None) -> None:
+    if os_login and public_key:
+        fail(t + "sshPublicKey", f"set together with {t}osLogin", "Use one: OS Login manages keys itself")
+    if not os_login:
+        if not public_key:
+            fail(
+                t + "sshPublicKey",
+                "missing; Fabric needs SSH access",
+                f'Set it: pulumi config set {t}sshPublicKey "$(cat ~/.ssh/id_ed25519.pub)"',
+            )
+        check_public_key(t + "sshPublicKey", public_key)
+
+
+def _gke(r: _Reader, t: str) -> GkeSettings:
+    topology = r.text(t + "gkeTopology") or "4x4"
+    if topology not in GKE_TOPOLOGIES:
+        fail(
+            t + "gkeTopology",
+            f"{topology[:40]!r} is not a multi-host v6e topology",
+            f"Use one of {', '.join(GKE_TOPOLOGIES)} (4x4 is v6e-16); one v6e-8 host is the vm backend",
+        )
+    if not r.text(t + "resultsBucket"):
+        fail(
+            t + "resultsBucket",
+            "missing; on gke every checkpoint and export lives in the stack's bucket",
+            f"Set it: pulumi config set {t}resultsBucket YOUR_BUCKET",
+        )
+    return GkeSettings(
+        cluster_name=r.name(
+            t + "gkeClusterName", GKE_CLUSTER_NAME, "GKE cluster names: 1-40 lower-case letters, digits and -", "tpu-rl"
+        ),
+        topology=topology,
+        cpu_machine_type=r.name(
+            t + "gkeCpuMachineType",
+            MACHINE_TYPE,
+            "A machine type like n2-standard-64",
+            "n2-standard-64",
+            "a machine type",
+        ),
     )
 
 

@@ -53,6 +53,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
         if args.typ == "gcp:compute/instance:Instance":
             outputs["networkInterfaces"] = [{"accessConfigs": [{"natIp": FAKE_IP}]}]
             outputs["instanceId"] = FAKE_INSTANCE_ID
+        if args.typ == "gcp:container/cluster:Cluster":
+            outputs.update(endpoint="203.0.113.20", masterAuth={"clusterCaCertificate": "Q0E="})
         if args.typ == "gcp:serviceaccount/account:Account":
             outputs["email"] = f"{args.inputs['accountId']}@my-project.iam.gserviceaccount.com"
         return f"{args.name}-id", outputs

@@ -19,6 +19,8 @@ CASES = [
     ({"tpu-rl:provisioningModel": "FLEX_START"}, ("tpu-rl:reservation",), "tpu-rl:maxRunDurationSeconds: missing"),
     ({"tpu-rl:sshUser": "Root User"}, (), "tpu-rl:sshUser: 'Root User' is not a valid"),
     ({"tpu-rl:osLogin": "true"}, (), "tpu-rl:sshPublicKey: set together with tpu-rl:osLogin"),
+    ({"tpu-rl:sshSourceRange": ["0.0.0.0/0"]}, (), "tpu-rl:sshSourceRange: unknown key"),  # a typo is not ignored
+    ({"tpu-rl:sshSourceRanges": []}, (), "tpu-rl:sshSourceRanges: is an empty list"),
 ]
 
 

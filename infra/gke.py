@@ -1,0 +1,228 @@
+"""The `gke` backend: a multi-host v6e slice the way `xpk cluster create-pathways` builds it.
+
+MaxText 0.2.3 runs multi-host GRPO only through Pathways on GKE, so this declares what
+XPK would: a VPC-native cluster with Dataplane V2 and Workload Identity, a TPU node pool
+of `ct6e-standard-4t` hosts in one COMPACT placement with the slice's topology, a CPU
+pool `cpu-np` for the Pathways head (and convert/export), the results bucket, an identity
+for the jobs that may use that bucket only, and JobSet and Kueue from their pinned
+releases with XPK's queue objects. Jobs themselves are not declared here: `fab` submits
+them as JobSets.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_gcp as gcp
+import pulumi_kubernetes as k8s
+
+from .settings import PROJECT, Settings
+
+TPU_MACHINE_TYPE = "ct6e-standard-4t"
+GKE_ACCELERATOR = "tpu-v6e-slice"
+CPU_POOL = "cpu-np"  # the name XPK's Pathways template selects the head's node by
+JOBSET_VERSION = "v0.10.1"  # as XPK pins them (core/cluster.py, core/kueue_manager.py)
+KUEUE_VERSION = "v0.17.1"
+JOBSET_MANIFESTS = f"https://github.com/kubernetes-sigs/jobset/releases/download/{JOBSET_VERSION}/manifests.yaml"
+KUEUE_MANIFESTS = f"https://github.com/kubernetes-sigs/kueue/releases/download/{KUEUE_VERSION}/manifests.yaml"
+NAMESPACE = "tpu-rl"
+JOBS_SERVICE_ACCOUNT = "tpu-rl-jobs"
+CLUSTER_QUEUE = "cluster-queue"  # XPK's names
+LOCAL_QUEUE = "multislice-queue"
+SCOPES = [
+    "https://www.googleapis.com/auth/devstorage.full_control",
+    "https://www.googleapis.com/auth/cloud-platform",
+]
+
+
+def tpu_node_config(settings: Settings) -> gcp.container.NodePoolNodeConfigArgs:
+    """The TPU hosts: capacity from the reservation, spot or flex-start, as on the vm backend."""
+    model = settings.provisioning_model
+    reservation = None
+    if model == "RESERVATION_BOUND":
+        reservation = gcp.container.NodePoolNodeConfigReservationAffinityArgs(
+            consume_reservation_type="SPECIFIC_RESERVATION",
+            key="compute.googleapis.com/reservation-name",
+            values=[settings.reservation],
+        )
+    return gcp.container.NodePoolNodeConfigArgs(
+        machine_type=TPU_MACHINE_TYPE,
+        reservation_affinity=reservation,
+        spot=model == "SPOT" or None,
+        flex_start=model == "FLEX_START" or None,
+        max_run_duration=f"{settings.max_run_duration_s}s" if model == "FLEX_START" else None,
+        gvnic=gcp.container.NodePoolNodeConfigGvnicArgs(enabled=True),
+        oauth_scopes=SCOPES,
+        workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(mode="GKE_METADATA"),
+        labels={"app": PROJECT},
+    )
+
+
+def kubeconfig(cluster: gcp.container.Cluster) -> pulumi.Output[str]:
+    """A kubeconfig that authenticates with gke-gcloud-auth-plugin (the user's gcloud login)."""
+
+    def render(args: list) -> str:
+        name, endpoint, ca = args
+        user = {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "gke-gcloud-auth-plugin"}}
+        return json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": name, "cluster": {"server": f"https://{endpoint}", "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": name, "user": user}],
+                "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+                "current-context": name,
+            }
+        )
+
+    return pulumi.Output.all(cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate).apply(render)
+
+
+def queue_objects(settings: Settings, opts: pulumi.ResourceOptions) -> None:
+    """XPK's Kueue objects (templates/kueue_config.yaml.j2): a flavor for the slice, its queues."""
+    gke = settings.gke
+    flavor = f"{gke.nodes}x{GKE_ACCELERATOR}-{gke.topology}"
+    k8s.apiextensions.CustomResource(
+        "flavor",
+        api_version="kueue.x-k8s.io/v1beta1",
+        kind="ResourceFlavor",
+        metadata={"name": flavor},
+        spec={
+            "nodeLabels": {
+                "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR,
+                "cloud.google.com/gke-tpu-topology": gke.topology,
+            }
+        },
+        opts=opts,
+    )
+    k8s.apiextensions.CustomResource(
+        "cluster-queue",
+        api_version="kueue.x-k8s.io/v1beta1",
+        kind="ClusterQueue",
+        metadata={"name": CLUSTER_QUEUE},
+        spec={
+            "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "LowerPriority"},
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["google.com/tpu"],
+                    "flavors": [{"name": flavor, "resources": [{"name": "google.com/tpu", "nominalQuota": gke.chips}]}],
+                }
+            ],
+        },
+        opts=opts,
+    )
+    k8s.apiextensions.CustomResource(
+        "local-queue",
+        api_version="kueue.x-k8s.io/v1beta1",
+        kind="LocalQueue",
+        metadata={"name": LOCAL_QUEUE, "namespace": NAMESPACE},
+        spec={"clusterQueue": CLUSTER_QUEUE},
+        opts=opts,
+    )
+
+
+class GkeSlice(pulumi.ComponentResource):
+    """The cluster, its TPU and CPU pools, the bucket and the jobs' identity, JobSet, Kueue and the queues."""
+
+    def __init__(self, name: str, settings: Settings, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{PROJECT}:index:GkeSlice", name, None, opts)
+        s, gke = settings, settings.gke
+        child = pulumi.ResourceOptions(parent=self)
+        labels = {"app": PROJECT, "stack": pulumi.get_stack()}
+
+        self.cluster = gcp.container.Cluster(
+            "cluster",
+            name=gke.cluster_name,
+            location=s.zone,
+            network=s.network,
+            remove_default_node_pool=True,
+            initial_node_count=1,
+            ip_allocation_policy=gcp.container.ClusterIpAllocationPolicyArgs(),  # VPC-native (--enable-ip-alias)
+            datapath_provider="ADVANCED_DATAPATH",  # Dataplane V2
+            workload_identity_config=gcp.container.ClusterWorkloadIdentityConfigArgs(
+                workload_pool=f"{s.gcp_project}.svc.id.goog"
+            ),
+            release_channel=gcp.container.ClusterReleaseChannelArgs(channel="RAPID"),
+            deletion_protection=False,  # `pulumi destroy` removes it; the bucket keeps the results
+            resource_labels=labels,
+            opts=child,
+        )
+        gcp.container.NodePool(
+            "tpu",
+            name=f"{gke.cluster_name}-np-0",
+            cluster=self.cluster.name,
+            location=s.zone,
+            node_locations=[s.zone],
+            node_count=gke.nodes,
+            max_pods_per_node=15,
+            placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT", tpu_topology=gke.topology),
+            node_config=tpu_node_config(s),
+            opts=child,
+        )
+        gcp.container.NodePool(
+            "cpu",
+            name=CPU_POOL,
+            cluster=self.cluster.name,
+            location=s.zone,
+            initial_node_count=1,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(min_node_count=1, max_node_count=20),
+            node_config=gcp.container.NodePoolNodeConfigArgs(
+                machine_type=gke.cpu_machine_type,
+                oauth_scopes=SCOPES,
+                workload_metadata_config=gcp.container.NodePoolNodeConfigWorkloadMetadataConfigArgs(
+                    mode="GKE_METADATA"
+                ),
+                labels={"app": PROJECT},
+            ),
+            opts=child,
+        )
+
+        self.bucket = gcp.storage.Bucket(
+            "results",
+            name=s.results_bucket,
+            location=s.region.upper(),
+            uniform_bucket_level_access=True,
+            public_access_prevention="enforced",
+            labels=labels,
+            opts=child,
+        )
+        account = gcp.serviceaccount.Account(
+            "jobs",
+            account_id=f"{gke.cluster_name}-jobs"[:30].rstrip("-"),
+            display_name=f"{PROJECT} GKE jobs",
+            opts=child,
+        )
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+        # objectAdmin alone gives a misleading "bucket not found" (MaxText's multi-host RL doc): add legacyBucketReader.
+        for role in ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader"):
+            gcp.storage.BucketIAMMember(
+                role.rsplit(".", 1)[1], bucket=self.bucket.name, role=role, member=member, opts=child
+            )
+        gcp.serviceaccount.IAMMember(
+            "jobs-workload-identity",
+            service_account_id=account.name,
+            role="roles/iam.workloadIdentityUser",
+            member=f"serviceAccount:{s.gcp_project}.svc.id.goog[{NAMESPACE}/{JOBS_SERVICE_ACCOUNT}]",
+            opts=child,
+        )
+
+        provider = k8s.Provider("gke", kubeconfig=kubeconfig(self.cluster), opts=child)
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
+        jobset = k8s.yaml.v2.ConfigFile("jobset", file=JOBSET_MANIFESTS, opts=in_cluster)
+        kueue = k8s.yaml.v2.ConfigFile("kueue", file=KUEUE_MANIFESTS, opts=in_cluster)
+        namespace = k8s.core.v1.Namespace("namespace", metadata={"name": NAMESPACE}, opts=in_cluster)
+        k8s.core.v1.ServiceAccount(
+            "jobs",
+            metadata={
+                "name": JOBS_SERVICE_ACCOUNT,
+                "namespace": NAMESPACE,
+                "annotations": {"iam.gke.io/gcp-service-account": account.email},
+            },
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+        )
+        queue_objects(s, pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[kueue, jobset, namespace]))
+        self.register_outputs({"cluster": self.cluster.name, "bucket": self.bucket.name})

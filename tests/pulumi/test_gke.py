@@ -1,0 +1,107 @@
+"""The gke backend under Pulumi's mocks, field by field against what XPK creates for the same slice."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import xpk
+
+from .program import run_program
+
+GKE = {"tpu-rl:backend": "gke", "tpu-rl:resultsBucket": "my-results"}
+POOL = "gcp:container/nodePool:NodePool"
+
+
+def pools(stack) -> dict[str, dict]:
+    return {r.name: r.inputs for r in stack.of_type(POOL)}
+
+
+@pytest.mark.parametrize(
+    ("topology", "device"), [("2x4", "v6e-8"), ("4x4", "v6e-16"), ("4x8", "v6e-32"), ("8x8", "v6e-64")]
+)
+def test_tpu_pool_is_xpks_slice(topology, device):
+    """xpk cluster create-pathways --tpu-type=DEVICE --reservation=R: machine, hosts, COMPACT topology, reservation."""
+    reference = xpk.system(device)
+    tpu = pools(run_program({**GKE, "tpu-rl:gkeTopology": topology}))["tpu"]
+    assert tpu["nodeConfig"]["machineType"] == reference.gce_machine_type
+    assert tpu["nodeCount"] == reference.vms_per_slice
+    assert tpu["placementPolicy"] == {"type": "COMPACT", "tpuTopology": reference.topology}
+    assert tpu["nodeConfig"]["reservationAffinity"] == {
+        "consumeReservationType": "SPECIFIC_RESERVATION",
+        "key": "compute.googleapis.com/reservation-name",
+        "values": ["my-v6e-reservation"],
+    }
+    # --max-pods-per-node 15 --enable-gvnic --scopes=storage-full,gke-default,cloud-platform
+    assert tpu["maxPodsPerNode"] == 15 and tpu["nodeConfig"]["gvnic"] == {"enabled": True}
+    assert "https://www.googleapis.com/auth/cloud-platform" in tpu["nodeConfig"]["oauthScopes"]
+    assert tpu["nodeLocations"] == ["us-east5-b"]
+
+
+def test_spot_and_flex_start_instead_of_a_reservation():
+    spot = pools(run_program({**GKE, "tpu-rl:provisioningModel": "SPOT"}, drop=("tpu-rl:reservation",)))["tpu"]
+    assert spot["nodeConfig"]["spot"] is True and "reservationAffinity" not in spot["nodeConfig"]
+    flex = pools(
+        run_program(
+            {**GKE, "tpu-rl:provisioningModel": "FLEX_START", "tpu-rl:maxRunDurationSeconds": "14400"},
+            drop=("tpu-rl:reservation",),
+        )
+    )["tpu"]
+    assert flex["nodeConfig"]["flexStart"] is True and flex["nodeConfig"]["maxRunDuration"] == "14400s"
+
+
+def test_cluster_cpu_pool_and_identity_as_xpk_sets_them_up():
+    stack = run_program(GKE)
+    cluster = stack.one("gcp:container/cluster:Cluster")
+    assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"  # --enable-dataplane-v2
+    assert "ipAllocationPolicy" in cluster  # --enable-ip-alias
+    assert cluster["workloadIdentityConfig"] == {"workloadPool": "my-project.svc.id.goog"}
+    cpu = pools(stack)["cpu"]
+    assert cpu["name"] == "cpu-np"  # the pool XPK's Pathways head is scheduled on
+    assert cpu["nodeConfig"]["machineType"] == "n2-standard-64"  # --pathways-gce-machine-type default
+    assert cpu["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 20}
+    roles = {r.inputs["role"] for r in stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
+    assert roles == {"roles/storage.objectAdmin", "roles/storage.legacyBucketReader"}
+    (binding,) = stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+    assert binding.inputs["member"] == "serviceAccount:my-project.svc.id.goog[tpu-rl/tpu-rl-jobs]"
+    assert not stack.of_type("gcp:compute/instance:Instance")  # no SSH VM on this backend
+
+
+def test_jobset_kueue_and_xpks_queue_objects():
+    stack = run_program(GKE)
+    files = {r.inputs["file"] for r in stack.of_type("kubernetes:yaml/v2:ConfigFile")}
+    assert files == {
+        "https://github.com/kubernetes-sigs/jobset/releases/download/v0.10.1/manifests.yaml",
+        "https://github.com/kubernetes-sigs/kueue/releases/download/v0.17.1/manifests.yaml",
+    }
+    custom = {r.inputs["kind"]: r.inputs for r in stack.resources if r.type.startswith("kubernetes:kueue.x-k8s.io")}
+    assert custom["ResourceFlavor"]["spec"]["nodeLabels"] == {
+        "cloud.google.com/gke-tpu-accelerator": xpk.system("v6e-16").gke_accelerator,
+        "cloud.google.com/gke-tpu-topology": "4x4",
+    }
+    assert custom["ClusterQueue"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"] == [
+        {"name": "google.com/tpu", "nominalQuota": 16}
+    ]
+    assert custom["LocalQueue"]["spec"] == {"clusterQueue": "cluster-queue"}
+
+
+def test_outputs_fab_reads():
+    outputs = run_program(GKE).outputs
+    assert outputs["backend"] == "gke" and outputs["topology"] == "4x4"
+    assert outputs["namespace"] == "tpu-rl" and outputs["queue"] == "multislice-queue"
+    assert outputs["bucket"] == "my-results" and "hosts" not in outputs
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"tpu-rl:gkeTopology": "3x3"}, "tpu-rl:gkeTopology: '3x3' is not a multi-host v6e topology"),
+        ({"tpu-rl:gkeTopology": "2x2"}, "tpu-rl:gkeTopology: '2x2' is not a multi-host v6e topology"),
+        ({"tpu-rl:resultsBucket": ""}, "tpu-rl:resultsBucket: missing; on gke"),
+        ({"tpu-rl:backend": "k8s"}, "tpu-rl:backend: unknown backend 'k8s'"),
+        ({"tpu-rl:gkeClusterName": "My_Cluster"}, "tpu-rl:gkeClusterName: 'My_Cluster' is not a valid name"),
+    ],
+)
+def test_gke_config_errors(config, message):
+    with pytest.raises(Exception) as raised:
+        run_program({**GKE, **config})
+    assert type(raised.value).__name__ == "ConfigError" and message in str(raised.value)
