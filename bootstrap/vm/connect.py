@@ -77,6 +77,11 @@ def connection(c: Context, say: Callable[[str], None]) -> Connection:
         hostkeys.use_known_hosts(conn.client)
     else:
         outputs = stack_outputs()
+        if outputs.get("backend") == "gke":
+            raise UserError(
+                "this stack is the gke backend (a multi-host slice): fab drives one VM over SSH, and running the jobs "
+                "as JobSets on the cluster is not built yet. See README.md, Bigger slices"
+            )
         if not outputs.get("hosts"):
             raise UserError("the Pulumi stack has no `hosts` output yet: run `pulumi up` first")
         conn = Connection(one_host(outputs["hosts"]), user=outputs.get("ssh_user"), config=c.config)

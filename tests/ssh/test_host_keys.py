@@ -48,14 +48,20 @@ class Stack:
         self.recreate(instance_id)
 
     def recreate(self, instance_id: str) -> None:
-        outputs = {
-            "hosts": [f"127.0.0.1:{self.fab.host.port}"],
-            "ssh_user": self.fab.host.user,
-            "instance_id": instance_id,
-            "instance_name": INSTANCE,
-            "project": "my-project",
-            "zone": "us-east5-b",
-        }
+        self.outputs(
+            {
+                "backend": "vm",
+                "hosts": [f"127.0.0.1:{self.fab.host.port}"],
+                "ssh_user": self.fab.host.user,
+                "instance_id": instance_id,
+                "instance_name": INSTANCE,
+                "project": "my-project",
+                "zone": "us-east5-b",
+            }
+        )
+
+    def outputs(self, outputs: dict) -> None:
+        """What `pulumi stack output --json` prints."""
         script = self.bin / "pulumi"
         script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(outputs)}\nEOF\n")
         script.chmod(0o755)
@@ -147,3 +153,13 @@ def test_changed_host_key_is_refused_even_by_trust_host(fab, other_key):
         assert f"expected ssh-ed25519 {fingerprint(other_key)}, got ssh-ed25519 {fingerprint(fab.host.host_key)}" in (
             result.stderr
         )
+
+
+def test_a_gke_stack_is_not_taken_for_a_vm(fab, compute):
+    stack = Stack(fab, compute)
+    stack.outputs({"backend": "gke", "cluster_name": "tpu-rl", "project": "my-project", "zone": "us-east5-b"})
+    asked = len(compute.requests)
+    result = stack("status")
+    assert result.returncode == 2
+    assert "this stack is the gke backend (a multi-host slice)" in result.stderr
+    assert len(compute.requests) == asked
