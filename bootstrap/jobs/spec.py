@@ -124,9 +124,16 @@ class ResultsSpec(Strict):
         return value
 
 
+class GkeSpec(Strict):
+    """The gke backend's container image: MaxText with the post-training dependencies."""
+
+    image: str = Field("", pattern=r"^([a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?)?$")
+
+
 class PipelineSpec(Strict):
     jobs: list[JobName] = Field(min_length=1)
     vars: dict[str, str] = {}
     environment: EnvironmentSpec
     vm: VmSpec = VmSpec()
     results: ResultsSpec = ResultsSpec()
+    gke: GkeSpec = GkeSpec()

@@ -6,8 +6,11 @@ import json
 import subprocess
 import sys
 
+import yaml
 from fabric import task
 
+from ..gke import jobsets
+from ..gke.stack import slice_of
 from ..jobs import load
 from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, validation_args
 from ..jobs.show import plan_dict, plan_text
@@ -16,15 +19,31 @@ from ..results import runs
 from .common import ARG_HELP, RUN_HELP, console, reports_errors
 
 
-@task(iterable=["arg"], help={"arg": ARG_HELP, "json": "print JSON for scripts", "run_name": RUN_HELP})
+@task(
+    iterable=["arg"],
+    help={
+        "arg": ARG_HELP,
+        "json": "print JSON for scripts",
+        "run_name": RUN_HELP,
+        "stack": "render for this Pulumi stack's backend, read from Pulumi.STACK.yaml (a gke stack: JobSets)",
+    },
+)
 @reports_errors
-def plan(c, arg=None, json_=False, run_name=None):
-    """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi)."""
+def plan(c, arg=None, json_=False, run_name=None, stack=None):
+    """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi CLI)."""
     files = load.read(jobs_dir())
-    check_local(files, arg or [])
+    pipeline = check_local(files, arg or [])
+    target = slice_of(stack, pipeline.spec) if stack else None
+    overrides = [*(jobsets.overrides(target) if target else []), *(arg or [])]  # the user's --arg win
+    if target:
+        check_local(files, overrides)
     name = check_run_name(run_name) if run_name is not None else runs.current_run()
-    built = build(files, arg or [], name or PLACEHOLDER_RUN)
+    built = build(files, overrides, name or PLACEHOLDER_RUN)
     record = runs.RunRecord.load(name) if name else None
+    if target:
+        manifests = jobsets.manifests(built.rendered, target, name or "new-run")
+        print(json.dumps(manifests, indent=1) if json_ else yaml.safe_dump_all(manifests.values(), sort_keys=False))
+        return
     print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
 
 

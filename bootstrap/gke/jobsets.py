@@ -1,0 +1,297 @@
+"""The jobs as JobSets for the gke backend: train as XPK's Pathways JobSet, convert and export on CPU.
+
+The same jobs/ are resolved with `overrides` (every path on the stack's bucket, the
+image's python, the Pathways settings MaxText's multi-host RL needs), so they pass the
+same local checks as on the VM. `train` becomes the JobSet `xpk workload
+create-pathways` renders (templates/pathways_workload_create.yaml.j2): a `pathways-head`
+job on the CPU pool with the proxy and resource manager beside the MaxText container,
+and a `worker` job with one Pathways worker per TPU host. The token reaches every
+container from the Kubernetes Secret `SECRET`, never from the manifest or an argv.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import UserError
+from ..jobs.load import RenderedJob
+
+SECRET = "tpu-rl-hf-token"
+CPU_POOL = "cpu-np"
+NAMESPACE = "tpu-rl"
+QUEUE = "multislice-queue"
+SERVICE_ACCOUNT = "tpu-rl-jobs"
+PROXY_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/proxy_server:latest"
+SERVER_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/server:latest"
+CHIPS_PER_HOST = 4
+PATHWAYS_VERSION = "tpuv6e"
+# Describe the single VM of the vm backend; on GKE the slice's TPU environment comes from GKE and Pathways.
+VM_ONLY_ENV = re.compile(r"TPU_[A-Z_]+")
+COORDINATOR = "metadata.labels['jobset.sigs.k8s.io/coordinator']"
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Where the jobs run: the stack's cluster objects and the slice's topology."""
+
+    bucket: str
+    topology: str
+    image: str
+
+    @property
+    def hosts(self) -> int:
+        rows, columns = map(int, self.topology.split("x"))
+        return rows * columns // CHIPS_PER_HOST
+
+
+def overrides(target: Slice) -> list[str]:
+    """--arg values that put the pipeline on GKE: paths on GCS, the image's python, Pathways for train."""
+    return [
+        f"vars.work_dir=gs://{target.bucket}/${{model_name}}",
+        "vars.hf_home=/tmp/huggingface",
+        "train.chips_per_vm=4",  # ct6e-standard-4t hosts; MaxText splits trainer and sampler across them
+        "train.checkpoint_storage_use_ocdbt=False",  # Pathways writes checkpoints without these
+        "train.checkpoint_storage_use_zarr3=False",
+        "train.env.ENABLE_PATHWAYS_PERSISTENCE=1",
+    ]
+
+
+def _env(job: RenderedJob, extra: list[dict]) -> list[dict]:
+    env = [{"name": k, "value": v} for k, v in job.env.items() if not VM_ONLY_ENV.fullmatch(k)]
+    env += [{"name": s, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": s}}} for s in job.secrets]
+    return env + extra
+
+
+def _field(name: str, path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def name_of(job: str, run_name: str) -> str:
+    """A DNS-1123 name for the job of this run (JobSet names end up in pod host names)."""
+    return re.sub(r"[^a-z0-9-]", "-", f"{job}-{run_name}".lower())[:40].strip("-")
+
+
+def _main_container(job: RenderedJob, target: Slice, extra_env: list[dict]) -> dict:
+    return {
+        "name": "jax-tpu" if extra_env else "main",
+        "image": target.image,
+        "imagePullPolicy": "Always",
+        "command": ["python3", *job.argv[1:]] if job.module else job.argv,
+        "env": _env(job, extra_env),
+    }
+
+
+def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
+    """convert and export: one pod on the CPU pool (they need memory, not TPUs)."""
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name_of(job.name, run_name), "namespace": NAMESPACE, "labels": {"tpu-rl/job": job.name}},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            "replicatedJobs": [
+                {
+                    "name": "main",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "backoffLimit": 0,
+                            "completions": 1,
+                            "parallelism": 1,
+                            "template": {
+                                "spec": {
+                                    "serviceAccountName": SERVICE_ACCOUNT,
+                                    "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
+                                    "containers": [_main_container(job, target, [])],
+                                    "restartPolicy": "Never",
+                                }
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _head(job: RenderedJob, target: Slice, scratch: str) -> dict:
+    """XPK's pathways-head job: proxy and resource manager as sidecars, the MaxText trainer as the container."""
+    proxy = {
+        "name": "pathways-proxy",
+        "image": PROXY_IMAGE,
+        "imagePullPolicy": "Always",
+        "args": [
+            "--server_port=29000",
+            "--resource_manager_address=$(PATHWAYS_HEAD):29001",
+            f"--gcs_scratch_location={scratch}",
+        ],
+        "env": [_field("PATHWAYS_HEAD", COORDINATOR)],
+        "ports": [{"containerPort": 29000, "protocol": "TCP"}],
+        "resources": {"limits": {"cpu": "16", "memory": "100G"}},
+        "restartPolicy": "Always",
+    }
+    manager = {
+        "name": "pathways-rm",
+        "image": SERVER_IMAGE,
+        "imagePullPolicy": "Always",
+        "args": [
+            "--server_port=29001",
+            f"--gcs_scratch_location={scratch}",
+            "--node_type=resource_manager",
+            "--instance_count=1",
+            f"--instance_type={PATHWAYS_VERSION}:{target.topology}",
+        ],
+        "env": [
+            _field("REPLICATED_JOB_NAME", "metadata.annotations['jobset.sigs.k8s.io/replicatedjob-name']"),
+            _field("JOBSET_NAME", "metadata.annotations['jobset.sigs.k8s.io/jobset-name']"),
+            _field("HOST_ADDRESS", COORDINATOR),
+            {"name": "TPU_SKIP_MDS_QUERY", "value": "true"},
+        ],
+        "ports": [{"containerPort": 29001, "protocol": "TCP"}, {"containerPort": 29002, "protocol": "TCP"}],
+        "resources": {"limits": {"cpu": "8", "memory": "32G"}},
+        "restartPolicy": "Always",
+    }
+    pathways_env = [
+        _field("PATHWAYS_HEAD", COORDINATOR),
+        {"name": "JAX_PLATFORMS", "value": "proxy"},
+        {"name": "XCLOUD_ENVIRONMENT", "value": "GCP"},
+        {"name": "JAX_BACKEND_TARGET", "value": "grpc://$(PATHWAYS_HEAD):29000"},
+    ]
+    trainer = {
+        **_main_container(job, target, pathways_env),
+        "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}],
+    }
+    return {
+        "name": "pathways-head",
+        "replicas": 1,
+        "template": {
+            "metadata": {"annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "kubernetes.io/hostname"}},
+            "spec": {
+                "backoffLimit": 0,
+                "completionMode": "Indexed",
+                "completions": 1,
+                "parallelism": 1,
+                "template": {
+                    "spec": {
+                        "hostNetwork": True,
+                        "dnsPolicy": "ClusterFirstWithHostNet",
+                        "serviceAccountName": SERVICE_ACCOUNT,
+                        "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
+                        "initContainers": [proxy, manager],
+                        "containers": [trainer],
+                        "restartPolicy": "Never",
+                        "volumes": [_shared_tmp()],
+                    }
+                },
+            },
+        },
+    }
+
+
+def _shared_tmp() -> dict:
+    return {"hostPath": {"path": "/tmp", "type": "DirectoryOrCreate"}, "name": "shared-tmp"}
+
+
+def _workers(name: str, target: Slice, scratch: str) -> dict:
+    """XPK's worker job: one Pathways worker per TPU host of the slice."""
+    meta = "metadata.annotations['jobset.sigs.k8s.io/{}']"
+    env = [
+        {"name": "TPU_MIN_LOG_LEVEL", "value": "0"},
+        {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "0"},
+        {"name": "XCLOUD_ENVIRONMENT", "value": "GCP"},
+        {"name": "MEGASCALE_GRPC_ENABLE_XOR_TRACER", "value": "false"},
+        _field("MEGASCALE_NUM_SLICES", "metadata.labels['jobset.sigs.k8s.io/replicatedjob-replicas']"),
+        _field("JOBSET_NAME", meta.format("jobset-name")),
+        _field("REPLICATED_JOB_NAME", meta.format("replicatedjob-name")),
+        _field("MEGASCALE_SLICE_ID", "metadata.labels['jobset.sigs.k8s.io/job-index']"),
+        _field("PATHWAYS_HEAD", COORDINATOR),
+        _field("MEGASCALE_COORDINATOR_ADDRESS", COORDINATOR),
+    ]
+    worker = {
+        "name": "pathways-worker",
+        "image": SERVER_IMAGE,
+        "imagePullPolicy": "Always",
+        "args": [
+            "--server_port=29005",
+            "--resource_manager_address=$(PATHWAYS_HEAD):29001",
+            f"--gcs_scratch_location={scratch}",
+        ],
+        "env": env,
+        "ports": [{"containerPort": port, "protocol": "TCP"} for port in (29005, 29006, 8471, 8080)],
+        "resources": {"limits": {"google.com/tpu": str(CHIPS_PER_HOST)}},
+        "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}],
+    }
+    return {
+        "name": "worker",
+        "replicas": 1,
+        "template": {
+            "metadata": {
+                "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}
+            },
+            "spec": {
+                "backoffLimit": target.hosts * 4,
+                "completionMode": "Indexed",
+                "completions": target.hosts,
+                "parallelism": target.hosts,
+                "template": {
+                    "metadata": {"labels": {"xpk.google.com/workload": name}},
+                    "spec": {
+                        "hostNetwork": True,
+                        "dnsPolicy": "ClusterFirstWithHostNet",
+                        "terminationGracePeriodSeconds": 30,
+                        "serviceAccountName": SERVICE_ACCOUNT,
+                        "nodeSelector": {
+                            "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                            "cloud.google.com/gke-tpu-topology": target.topology,
+                        },
+                        "containers": [worker],
+                        "restartPolicy": "OnFailure",
+                        "volumes": [_shared_tmp()],
+                    },
+                },
+            },
+        },
+    }
+
+
+def pathways_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
+    """train on the slice, shaped like `xpk workload create-pathways --tpu-type=v6e-N --num-slices=1`."""
+    name = name_of(job.name, run_name)
+    scratch = f"gs://{target.bucket}/pathways/{name}"
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "labels": {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name, "tpu-rl/job": job.name},
+        },
+        "spec": {
+            "coordinator": {"replicatedJob": "pathways-head"},
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "failurePolicy": {"restartStrategy": "Recreate"},
+            "replicatedJobs": [_head(job, target, scratch), _workers(name, target, scratch)],
+            "startupPolicy": {"startupPolicyOrder": "InOrder"},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["pathways-head"]},
+            "suspend": False,
+        },
+    }
+
+
+def check_pathways(jobs: list[RenderedJob]) -> None:
+    """MaxText 0.2.3 runs multi-host RL only through Pathways: refuse a trainer told not to use it."""
+    for job in jobs:
+        if job.progress and any(re.fullmatch(r"use_pathways=(false|False|0)", a) for a in job.argv):
+            raise UserError(
+                f"{job.name}: use_pathways=false: MaxText 0.2.3 runs GRPO on more than one host only through "
+                "Pathways (rl.yml sets it true); remove the override"
+            )
+
+
+def manifests(jobs: list[RenderedJob], target: Slice, run_name: str) -> dict[str, dict]:
+    """Each MaxText job's JobSet: the RL trainer on the slice through Pathways, the rest on CPU."""
+    check_pathways(jobs)
+    return {
+        job.name: (pathways_jobset if job.progress else cpu_jobset)(job, target, run_name) for job in jobs if job.module
+    }
