@@ -18,6 +18,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .settings import PROJECT, Settings
+from .storage import results_bucket
 
 TPU_MACHINE_TYPE = "ct6e-standard-4t"
 GKE_ACCELERATOR = "tpu-v6e-slice"
@@ -181,15 +182,7 @@ class GkeSlice(pulumi.ComponentResource):
             opts=child,
         )
 
-        self.bucket = gcp.storage.Bucket(
-            "results",
-            name=s.results_bucket,
-            location=s.region.upper(),
-            uniform_bucket_level_access=True,
-            public_access_prevention="enforced",
-            labels=labels,
-            opts=child,
-        )
+        self.bucket = results_bucket(s, labels, child)
         account = gcp.serviceaccount.Account(
             "jobs",
             account_id=f"{gke.cluster_name}-jobs"[:30].rstrip("-"),

@@ -14,6 +14,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from .settings import PROJECT, Settings
+from .storage import results_bucket
 
 STARTUP_SCRIPT = Path(__file__).resolve().parents[1] / "bootstrap" / "startup.sh"
 
@@ -74,15 +75,7 @@ class TpuVm(pulumi.ComponentResource):
         self.bucket = None
         if s.results_bucket:
             # The VM's /dev/shm is wiped on every restart: exports are copied here.
-            self.bucket = gcp.storage.Bucket(
-                "results",
-                name=s.results_bucket,
-                location=s.region.upper(),
-                uniform_bucket_level_access=True,
-                public_access_prevention="enforced",
-                labels=labels,
-                opts=child,
-            )
+            self.bucket = results_bucket(s, labels, child)
 
         if s.service_account_email:
             identity = pulumi.Output.from_input(s.service_account_email)
