@@ -86,44 +86,29 @@ def queue_objects(settings: Settings, opts: pulumi.ResourceOptions) -> None:
     """XPK's Kueue objects (templates/kueue_config.yaml.j2): a flavor for the slice, its queues."""
     gke = settings.gke
     flavor = f"{gke.nodes}x{GKE_ACCELERATOR}-{gke.topology}"
-    k8s.apiextensions.CustomResource(
-        "flavor",
-        api_version="kueue.x-k8s.io/v1beta1",
-        kind="ResourceFlavor",
-        metadata={"name": flavor},
-        spec={
-            "nodeLabels": {
-                "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR,
-                "cloud.google.com/gke-tpu-topology": gke.topology,
-            }
-        },
-        opts=opts,
+    labels = {
+        "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR,
+        "cloud.google.com/gke-tpu-topology": gke.topology,
+    }
+    quota = {"name": flavor, "resources": [{"name": "google.com/tpu", "nominalQuota": gke.chips}]}
+    objects = (
+        ("flavor", "ResourceFlavor", {"name": flavor}, {"nodeLabels": labels}),
+        (
+            "cluster-queue",
+            "ClusterQueue",
+            {"name": CLUSTER_QUEUE},
+            {
+                "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "LowerPriority"},
+                "namespaceSelector": {},
+                "resourceGroups": [{"coveredResources": ["google.com/tpu"], "flavors": [quota]}],
+            },
+        ),
+        ("local-queue", "LocalQueue", {"name": LOCAL_QUEUE, "namespace": NAMESPACE}, {"clusterQueue": CLUSTER_QUEUE}),
     )
-    k8s.apiextensions.CustomResource(
-        "cluster-queue",
-        api_version="kueue.x-k8s.io/v1beta1",
-        kind="ClusterQueue",
-        metadata={"name": CLUSTER_QUEUE},
-        spec={
-            "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "LowerPriority"},
-            "namespaceSelector": {},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["google.com/tpu"],
-                    "flavors": [{"name": flavor, "resources": [{"name": "google.com/tpu", "nominalQuota": gke.chips}]}],
-                }
-            ],
-        },
-        opts=opts,
-    )
-    k8s.apiextensions.CustomResource(
-        "local-queue",
-        api_version="kueue.x-k8s.io/v1beta1",
-        kind="LocalQueue",
-        metadata={"name": LOCAL_QUEUE, "namespace": NAMESPACE},
-        spec={"clusterQueue": CLUSTER_QUEUE},
-        opts=opts,
-    )
+    for name, kind, metadata, spec in objects:
+        k8s.apiextensions.CustomResource(
+            name, api_version="kueue.x-k8s.io/v1beta1", kind=kind, metadata=metadata, spec=spec, opts=opts
+        )
 
 
 class GkeSlice(pulumi.ComponentResource):
@@ -148,6 +133,10 @@ class GkeSlice(pulumi.ComponentResource):
                 workload_pool=f"{s.gcp_project}.svc.id.goog"
             ),
             release_channel=gcp.container.ClusterReleaseChannelArgs(channel="RAPID"),
+            # export's follow-up steps write into the bucket through a mounted folder
+            addons_config=gcp.container.ClusterAddonsConfigArgs(
+                gcs_fuse_csi_driver_config=gcp.container.ClusterAddonsConfigGcsFuseCsiDriverConfigArgs(enabled=True)
+            ),
             deletion_protection=False,  # `pulumi destroy` removes it; the bucket keeps the results
             resource_labels=labels,
             opts=child,

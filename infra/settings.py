@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import pulumi
 
+from . import topology
+
 PROJECT = "tpu-rl"
 IMAGE = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e"
 # Zones that offer v6e (Cloud TPU "regions and zones"); override with tpu-rl:v6eZones.
@@ -86,7 +88,6 @@ SERVICE_ACCOUNT = re.compile(r"[a-z0-9][-a-z0-9]*@[a-z0-9][-a-z0-9.]*\.gservicea
 BACKENDS = ("vm", "gke")
 # Multi-host v6e slices of ct6e-standard-4t hosts (4 chips each), as XPK's system characteristics list them.
 GKE_TOPOLOGIES = ("2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
-CHIPS_PER_HOST = 4
 MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*-[a-z0-9-]+")
 EVERYWHERE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 
@@ -109,13 +110,11 @@ class GkeSettings:
 
     @property
     def chips(self) -> int:
-        rows, columns = map(int, self.topology.split("x"))
-        return rows * columns
+        return topology.chips(self.topology)
 
     @property
     def nodes(self) -> int:
-        """ct6e-standard-4t hosts in the slice (4x4 -> 4)."""
-        return self.chips // CHIPS_PER_HOST
+        return topology.hosts(self.topology)
 
 
 @dataclass(frozen=True)

@@ -12,19 +12,26 @@ container from the Kubernetes Secret `SECRET`, never from the manifest or an arg
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
+
+from infra import topology
 
 from ..errors import UserError
 from ..jobs.load import RenderedJob
 
 SECRET = "tpu-rl-hf-token"
+TOOLS_CONFIG_MAP = "tpu-rl-tools"
+TOOLS = ("export_config.py", "manifest.py")  # export's follow-up steps, mounted from TOOLS_CONFIG_MAP
+TOOLS_DIR = "/tpu-rl/tools"
+BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
+OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
 CPU_POOL = "cpu-np"
 NAMESPACE = "tpu-rl"
 QUEUE = "multislice-queue"
 SERVICE_ACCOUNT = "tpu-rl-jobs"
 PROXY_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/proxy_server:latest"
 SERVER_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/server:latest"
-CHIPS_PER_HOST = 4
 PATHWAYS_VERSION = "tpuv6e"
 # Describe the single VM of the vm backend; on GKE the slice's TPU environment comes from GKE and Pathways.
 VM_ONLY_ENV = re.compile(r"TPU_[A-Z_]+")
@@ -41,14 +48,24 @@ class Slice:
 
     @property
     def hosts(self) -> int:
-        rows, columns = map(int, self.topology.split("x"))
-        return rows * columns // CHIPS_PER_HOST
+        return topology.hosts(self.topology)
+
+
+def require_image(spec) -> None:
+    """The gke backend runs the jobs in an image the user built: refuse before anything is contacted."""
+    if not spec.gke.image:
+        raise UserError(
+            "jobs/pipeline.yaml: gke.image: missing; the gke backend runs the jobs in a MaxText post-training image "
+            "(MaxText's build_maxtext_docker_image WORKFLOW=post-training, then push it to Artifact Registry)"
+        )
 
 
 def overrides(target: Slice) -> list[str]:
     """--arg values that put the pipeline on GKE: paths on GCS, the image's python, Pathways for train."""
     return [
         f"vars.work_dir=gs://{target.bucket}/${{model_name}}",
+        # export's follow-up steps (generation config, SHA256SUMS) work on a folder: the bucket's, mounted
+        f"vars.export_dir={BUCKET_MOUNT}/${{model_name}}/hf-trained/${{run_name}}",
         "vars.hf_home=/tmp/huggingface",
         "train.chips_per_vm=4",  # ct6e-standard-4t hosts; MaxText splits trainer and sampler across them
         "train.checkpoint_storage_use_ocdbt=False",  # Pathways writes checkpoints without these
@@ -72,13 +89,37 @@ def name_of(job: str, run_name: str) -> str:
     return re.sub(r"[^a-z0-9-]", "-", f"{job}-{run_name}".lower())[:40].strip("-")
 
 
+def in_bucket(path: str, target: Slice) -> str:
+    """A path under the bucket's mount as Cloud Storage names it."""
+    return f"gs://{target.bucket}{path.removeprefix(BUCKET_MOUNT)}" if path.startswith(BUCKET_MOUNT + "/") else path
+
+
+def command(job: RenderedJob) -> list[str]:
+    """The module with the image's python3, then its follow-up steps with the tools from the ConfigMap."""
+    main = ["python3", *job.argv[1:]] if job.module else list(job.argv)
+    if not job.after:
+        return main
+    steps = [main, *(["python3", f"{TOOLS_DIR}/{step[1].rsplit('/', 1)[1]}", *step[2:]] for step in job.after)]
+    return ["sh", "-c", " && ".join(shlex.join(step) for step in steps)]
+
+
 def _main_container(job: RenderedJob, target: Slice, extra_env: list[dict]) -> dict:
     return {
         "name": "jax-tpu" if extra_env else "main",
         "image": target.image,
         "imagePullPolicy": "Always",
-        "command": ["python3", *job.argv[1:]] if job.module else job.argv,
+        "command": command(job),
         "env": _env(job, extra_env),
+    }
+
+
+def _metadata(job: RenderedJob, target: Slice, name: str, labels: dict) -> dict:
+    outputs = " ".join(in_bucket(path, target) for path in job.outputs)
+    return {
+        "name": name,
+        "namespace": NAMESPACE,
+        "labels": {**labels, "tpu-rl/job": job.name},
+        "annotations": {OUTPUTS_ANNOTATION: outputs},
     }
 
 
@@ -87,7 +128,7 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {"name": name_of(job.name, run_name), "namespace": NAMESPACE, "labels": {"tpu-rl/job": job.name}},
+        "metadata": _metadata(job, target, name_of(job.name, run_name), {}),
         "spec": {
             "failurePolicy": {"maxRestarts": 0},
             "replicatedJobs": [
@@ -100,12 +141,14 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
                             "completions": 1,
                             "parallelism": 1,
                             "template": {
+                                "metadata": {"annotations": {"gke-gcsfuse/volumes": "true"}},
                                 "spec": {
                                     "serviceAccountName": SERVICE_ACCOUNT,
                                     "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                                    "containers": [_main_container(job, target, [])],
+                                    "containers": [{**_main_container(job, target, []), "volumeMounts": CPU_MOUNTS}],
                                     "restartPolicy": "Never",
-                                }
+                                    "volumes": _cpu_volumes(target),
+                                },
                             },
                         }
                     },
@@ -113,6 +156,14 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
             ],
         },
     }
+
+
+CPU_MOUNTS = [{"name": "bucket", "mountPath": BUCKET_MOUNT}, {"name": "tools", "mountPath": TOOLS_DIR}]
+
+
+def _cpu_volumes(target: Slice) -> list[dict]:
+    fuse = {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {"bucketName": target.bucket}}
+    return [{"name": "bucket", "csi": fuse}, {"name": "tools", "configMap": {"name": TOOLS_CONFIG_MAP}}]
 
 
 def _head(job: RenderedJob, target: Slice, scratch: str) -> dict:
@@ -219,7 +270,7 @@ def _workers(name: str, target: Slice, scratch: str) -> dict:
         ],
         "env": env,
         "ports": [{"containerPort": port, "protocol": "TCP"} for port in (29005, 29006, 8471, 8080)],
-        "resources": {"limits": {"google.com/tpu": str(CHIPS_PER_HOST)}},
+        "resources": {"limits": {"google.com/tpu": str(topology.CHIPS_PER_HOST)}},
         "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}],
     }
     return {
@@ -262,11 +313,7 @@ def pathways_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "labels": {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name, "tpu-rl/job": job.name},
-        },
+        "metadata": _metadata(job, target, name, {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name}),
         "spec": {
             "coordinator": {"replicatedJob": "pathways-head"},
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},

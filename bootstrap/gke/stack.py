@@ -11,7 +11,7 @@ from infra import settings
 from ..errors import UserError
 from ..jobs.spec import PipelineSpec
 from ..paths import REPO
-from .jobsets import Slice
+from .jobsets import Slice, require_image
 
 
 def stack_config(stack: str) -> dict[str, str]:
@@ -31,9 +31,5 @@ def slice_of(stack: str, spec: PipelineSpec) -> Slice | None:
         raise UserError(f"Pulumi.{stack}.yaml: {err}") from None
     if checked.gke is None:
         return None
-    if not spec.gke.image:
-        raise UserError(
-            "jobs/pipeline.yaml: gke.image: missing; the gke backend runs the jobs in a MaxText post-training image "
-            "(MaxText's build_maxtext_docker_image WORKFLOW=post-training, then push it to Artifact Registry)"
-        )
+    require_image(spec)
     return Slice(bucket=checked.results_bucket, topology=checked.gke.topology, image=spec.gke.image)

@@ -11,6 +11,7 @@ import os
 import shlex
 
 from ..errors import UserError
+from ..gke.session import export_url
 from ..jobs.plan import PlannedJob, runner_spec
 from ..vm import connect
 from ..vm.progress import eval_label
@@ -95,6 +96,12 @@ def gcs_job(session: Session, folder: str, url: str) -> PlannedJob:
 def publish_after_train(session: Session) -> None:
     """Run the configured durable copies, or say plainly that the model lives only in the VM's memory."""
     results = session.plan.spec.results
+    kept = export_url(session.plan)
+    if kept:  # the gke backend exports into the stack's bucket, SHA256SUMS beside it
+        session.console.print(f"model kept at {kept} (verified: SHA256SUMS beside it)")
+        if results.hub_repo:
+            session.console.print("results.hub_repo: the Hub upload runs on the vm backend only, not yet on gke")
+        return
     folder = session.plan.export_folder()
     jobs = []
     if results.hub_repo:

@@ -7,11 +7,14 @@ import os
 import sys
 from collections.abc import Callable
 
+from fabric import Connection
 from invoke import Context, Exit
 from rich.console import Console
 
 from .. import secrets
 from ..errors import UserError
+from ..gke import jobsets
+from ..gke import session as gke
 from ..jobs import load
 from ..jobs.check import base_model_of
 from ..jobs.plan import build, check_local, check_run_name
@@ -54,31 +57,43 @@ def open_session(
     """Check everything local first, then connect, choose the run, and build the one plan.
 
     Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting.
+    A stack of the gke backend is driven through its cluster, everything else over SSH.
     """
     files = load.read(jobs_dir())
     pipeline = check_local(files, overrides)
     if run_name is not None:
         check_run_name(run_name)
+    outputs = None if isinstance(c, Connection) else connect.stack_outputs()
+    target = gke.target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
+    if target:
+        check_local(files, [*jobsets.overrides(target), *overrides])
     sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
     if runs_jobs and "HF_TOKEN" in values:
         console.print("checking the Hugging Face token")
         for line in hub.preflight(values["HF_TOKEN"], base_model_of(pipeline), pipeline.spec.results.hub_repo):
             console.print(f"  {line}")
-    conn = connect.connection(c, console.print)
-    console.print(f"connecting to {conn.host} ({'-H' if isinstance(c, type(conn)) else 'Pulumi stack outputs'})")
-    vm = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
-    name, why = choose_run(vm, vm.install(), run_name, new_run)
-    console.print(f"run {name} ({why}) on {vm.name}")
-    return Session(build(files, overrides, name), vm, console, runs.RunRecord.load(name), values, overrides=overrides)
+    if target:
+        console.print(f"connecting to the GKE cluster {outputs['cluster_name']} (Pulumi stack outputs)")
+        driver = gke.connect(outputs, Cleaner(values.values()))
+        source = f"{runs.runs_dir()}/{runs.CURRENT}"
+    else:
+        conn = connect.connection(c, console.print, outputs)
+        console.print(f"connecting to {conn.host} ({'-H' if outputs is None else 'Pulumi stack outputs'})")
+        driver = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
+        source = f"{driver.name}:{driver.layout.current_run}"
+    name, why = choose_run(driver.install(), source, run_name, new_run)
+    console.print(f"run {name} ({why}) on {driver.name}")
+    plan = gke.plan(files, overrides, name, target) if target else build(files, overrides, name)
+    return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides)
 
 
-def choose_run(vm: Vm, current: str | None, requested: str | None, new: bool) -> tuple[str, str]:
-    """The run to work on and why: asked for, the VM's current one, or a new one."""
+def choose_run(current: str | None, source: str, requested: str | None, new: bool) -> tuple[str, str]:
+    """The run to work on and why: asked for, the current one (kept at `source`), or a new one."""
     if requested:
         return requested, "given with --run-name"
     if not new and current:
-        return check_run_name(current, f"{vm.name}:{vm.layout.current_run}"), "the VM's current run"
+        return check_run_name(current, source), "the current run"
     return runs.new_run_name(), "a new run"
 
 

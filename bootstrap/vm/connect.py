@@ -63,11 +63,11 @@ def one_host(hosts: list[str]) -> str:
     return hosts[0]
 
 
-def connection(c: Context, say: Callable[[str], None]) -> Connection:
+def connection(c: Context, say: Callable[[str], None], outputs: dict | None = None) -> Connection:
     """The Connection to the VM (not yet opened): host keys pinned, connect, banner and auth timeouts.
 
-    The stack's VM is pinned from the Compute Engine API; a host given with -H must be in
-    ~/.ssh/known_hosts (see hostkeys.py).
+    The stack's VM (from its `outputs`) is pinned from the Compute Engine API; a host given
+    with -H must be in ~/.ssh/known_hosts (see hostkeys.py).
     """
     if isinstance(c, Connection):
         cli = _cli_hosts(sys.argv[1:])
@@ -76,12 +76,7 @@ def connection(c: Context, say: Callable[[str], None]) -> Connection:
         conn = c
         hostkeys.use_known_hosts(conn.client)
     else:
-        outputs = stack_outputs()
-        if outputs.get("backend") == "gke":
-            raise UserError(
-                "this stack is the gke backend (a multi-host slice): fab drives one VM over SSH, and running the jobs "
-                "as JobSets on the cluster is not built yet. See README.md, Bigger slices"
-            )
+        outputs = outputs if outputs is not None else stack_outputs()
         if not outputs.get("hosts"):
             raise UserError("the Pulumi stack has no `hosts` output yet: run `pulumi up` first")
         conn = Connection(one_host(outputs["hosts"]), user=outputs.get("ssh_user"), config=c.config)

@@ -55,6 +55,7 @@ def test_cluster_cpu_pool_and_identity_as_xpk_sets_them_up():
     assert cluster["datapathProvider"] == "ADVANCED_DATAPATH"  # --enable-dataplane-v2
     assert "ipAllocationPolicy" in cluster  # --enable-ip-alias
     assert cluster["workloadIdentityConfig"] == {"workloadPool": "my-project.svc.id.goog"}
+    assert cluster["addonsConfig"] == {"gcsFuseCsiDriverConfig": {"enabled": True}}  # XPK's optional GCS FUSE
     cpu = pools(stack)["cpu"]
     assert cpu["name"] == "cpu-np"  # the pool XPK's Pathways head is scheduled on
     assert cpu["nodeConfig"]["machineType"] == "n2-standard-64"  # --pathways-gce-machine-type default

@@ -153,13 +153,3 @@ def test_changed_host_key_is_refused_even_by_trust_host(fab, other_key):
         assert f"expected ssh-ed25519 {fingerprint(other_key)}, got ssh-ed25519 {fingerprint(fab.host.host_key)}" in (
             result.stderr
         )
-
-
-def test_a_gke_stack_is_not_taken_for_a_vm(fab, compute):
-    stack = Stack(fab, compute)
-    stack.outputs({"backend": "gke", "cluster_name": "tpu-rl", "project": "my-project", "zone": "us-east5-b"})
-    asked = len(compute.requests)
-    result = stack("status")
-    assert result.returncode == 2
-    assert "this stack is the gke backend (a multi-host slice)" in result.stderr
-    assert len(compute.requests) == asked

@@ -122,6 +122,7 @@ def normalized(document: dict) -> dict:
 
     walk(document)
     document["metadata"].pop("namespace", None)  # XPK applies into the current namespace
+    document["metadata"].pop("annotations", None)  # ours: the outputs that decide done
     return document
 
 

@@ -1,0 +1,51 @@
+"""A fab command on a gke stack: the same jobs planned as JobSets, driven through the cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+from ..jobs.load import JobFiles
+from ..jobs.plan import Plan, PlannedJob, build
+from ..jobs.spec import PipelineSpec
+from ..vm.output import Cleaner
+from . import jobsets
+
+
+def target_of(outputs: dict, spec: PipelineSpec) -> jobsets.Slice:
+    """The slice from the stack's outputs and the image from jobs/pipeline.yaml."""
+    jobsets.require_image(spec)
+    return jobsets.Slice(bucket=outputs["bucket"], topology=outputs["topology"], image=spec.gke.image)
+
+
+def plan(files: JobFiles, overrides: list[str], run_name: str, target: jobsets.Slice) -> Plan:
+    """The MaxText jobs, each planned as its JobSet (its key is the JobSet's name)."""
+    built = build(files, [*jobsets.overrides(target), *overrides], run_name)
+    manifests = jobsets.manifests(built.rendered, target, run_name)
+    jobs = tuple(
+        PlannedJob(
+            job.name,
+            manifests[job.name]["metadata"]["name"],
+            MappingProxyType(manifests[job.name]),
+            tuple(need for need in job.needs if need in manifests),
+            rendered=job.rendered,
+        )
+        for job in built.jobs
+        if job.name in manifests
+    )
+    return dataclasses.replace(built, jobs=jobs)
+
+
+def connect(outputs: dict, cleaner: Cleaner):
+    """The stack's cluster through the kubeconfig context `gcloud container clusters get-credentials` writes."""
+    from .cluster import Cluster  # the Kubernetes and Cloud Storage clients take a second to import: only here
+
+    return Cluster(f"gke_{outputs['project']}_{outputs['zone']}_{outputs['cluster_name']}", outputs["project"], cleaner)
+
+
+def export_url(plan: Plan) -> str | None:
+    """Where a gke plan's export lands in Cloud Storage (None for a VM plan)."""
+    export = next((job for job in plan.jobs if job.name == "export"), None)
+    if export is None or export.runner_spec.get("kind") != "JobSet":
+        return None
+    return export.runner_spec["metadata"]["annotations"][jobsets.OUTPUTS_ANNOTATION].split()[0].rsplit("/", 1)[0]

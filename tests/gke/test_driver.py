@@ -1,0 +1,172 @@
+"""`fab train`, `status` and `logs` on a gke stack, against a stand-in of the Kubernetes and Cloud Storage APIs.
+
+The real `fab` with the official clients; tests/kubestub.py plays the cluster. The pods
+print the real jobs' log lines (tests/fixtures/logs, from the real CPU run), so progress
+is parsed as on the VM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import hubstub, kubestub
+from tests.kubestub import Run
+from tests.loopback import REPO
+
+LOGS = REPO / "tests" / "fixtures" / "logs"
+IMAGE = "us-docker.pkg.dev/my-project/tpu-rl/maxtext:0.2.3"
+OUTPUTS = {
+    "backend": "gke",
+    "cluster_name": "tpu-rl",
+    "project": "my-project",
+    "zone": "us-east5-b",
+    "topology": "4x4",
+    "bucket": "my-results",
+    "namespace": "tpu-rl",
+    "queue": "multislice-queue",
+}
+
+
+def log(name: str) -> list[str]:
+    return (LOGS / f"{name}.log").read_text().splitlines()
+
+
+@pytest.fixture
+def cluster():
+    kube, server = kubestub.serve()
+    hub, hub_server = hubstub.serve()
+    yield kube, hub
+    server.shutdown()
+    hub_server.shutdown()
+
+
+@pytest.fixture
+def fab(cluster, tmp_path):
+    kube, hub = cluster
+    token = "hf_gke" + "x" * 30
+    hub.tokens[token] = hubstub.Token()
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    pipeline = jobs / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text().replace('  image: ""', f"  image: {IMAGE}"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pulumi").write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(OUTPUTS)}\nEOF\n")
+    (bin_dir / "pulumi").chmod(0o755)
+    context = "gke_my-project_us-east5-b_tpu-rl"
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": kube.url}}],
+        "users": [{"name": context, "user": {"token": "stand-in"}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context}}],
+        "current-context": context,
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+        "KUBECONFIG": str(tmp_path / "kubeconfig"),
+        "STORAGE_EMULATOR_HOST": kube.url,
+        "TPU_RL_JOBS": str(jobs),
+        "TPU_RL_RUNS": str(tmp_path / "runs"),
+        "HF_TOKEN": token,
+        "HF_ENDPOINT": hub.url,
+        "COLUMNS": "200",
+    }
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        fab = str(Path(sys.executable).with_name("fab"))
+        command = [fab, "-r", str(REPO), *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    run.kube, run.token = kube, token
+    return run
+
+
+def script(kube, train: list[Run] | None = None) -> None:
+    kube.scripts.update(
+        convert=[Run(log("convert"), "complete")],
+        train=train or [Run(log("train"), "complete")],
+        export=[Run(log("export"), "complete")],
+    )
+
+
+def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
+    lines = log("train")
+    script(fab.kube, [Run(lines[:150], "restart"), Run(lines[150:160], "drop"), Run(lines, "complete")])
+    result = fab("train", "--run-name", "r1")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert fab.kube.created == ["convert-r1", "train-r1", "export-r1"]  # once each, in order
+    assert fab.kube.pods["train-r1"] == 2 and not fab.kube.runs["train-r1"]  # restarted pod, dropped watch: followed on
+    assert "training steps" in result.stdout and "model kept at gs://my-results/llama3.1-8b-Instruct/hf-trained/r1" in (
+        result.stdout
+    )
+    export = fab.kube.jobsets["export-r1"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    script_text = export["containers"][0]["command"][2]
+    assert (
+        "load_parameters_path=gs://my-results/llama3.1-8b-Instruct/post-train/r1/checkpoints/actor/4/model_params"
+        in (script_text)
+    )  # ${latest_step:...} looked up in the bucket
+    assert "/tpu-rl/tools/manifest.py /gcs/llama3.1-8b-Instruct/hf-trained/r1" in script_text
+    secret = fab.kube.secrets["tpu-rl-hf-token"]
+    assert secret["stringData"] == {"HF_TOKEN": fab.token}
+    assert fab.token not in json.dumps(fab.kube.jobsets)  # only the Secret holds it
+    assert set(fab.kube.config_maps["tpu-rl-tools"]["data"]) == {"export_config.py", "manifest.py"}
+
+    again = fab("train", "--run-name", "r1")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("done already") == 3 and len(fab.kube.created) == 3
+
+    status = fab("status", "--run-name", "r1")
+    assert status.returncode == 0 and status.stdout.count("done") >= 3
+    logs = fab("logs", "--job", "train", "--run-name", "r1")
+    assert logs.returncode == 0 and "last line" in logs.stdout
+
+
+def test_a_failed_jobset_is_reported_then_replaced_on_retry(fab):
+    script(fab.kube, [Run(log("train")[:150], "fail")])
+    failed = fab("train", "--run-name", "r2")
+    assert failed.returncode == 2
+    assert "train failed on gke_my-project_us-east5-b_tpu-rl: a pod failed" in failed.stderr
+    assert "fab logs --job train --run-name r2" in failed.stderr
+    fab.kube.scripts["train"] = [Run(log("train"), "complete")]
+    retried = fab("train", "--run-name", "r2")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    assert "train: last attempt failed (a pod failed), retrying" in retried.stdout
+    assert fab.kube.deleted == ["train-r2"] and fab.kube.created.count("train-r2") == 2
+
+
+def test_a_jobset_completed_without_its_outputs_is_not_done(fab):
+    script(fab.kube)
+    fab.kube.scripts["convert"] = [Run(log("convert"), "complete")]
+    original = fab.kube.finish
+
+    def finish_without_outputs(name, end):
+        original(name, end)
+        if name.startswith("convert"):
+            fab.kube.objects.clear()
+
+    fab.kube.finish = finish_without_outputs
+    result = fab("train", "--run-name", "r3")
+    assert result.returncode == 2
+    assert "convert failed" in result.stderr and "it completed without gs://my-results/" in result.stderr
+
+
+def test_a_missing_kubeconfig_context_is_one_line(fab, tmp_path):
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "contexts": []}))
+    script(fab.kube)
+    result = fab("status")
+    assert result.returncode == 2
+    assert "no kubeconfig context gke_my-project_us-east5-b_tpu-rl: run gcloud container clusters get-credentials" in (
+        result.stderr
+    )

@@ -1,0 +1,165 @@
+"""The few Kubernetes and Cloud Storage endpoints the gke backend uses, on 127.0.0.1.
+
+The official `kubernetes` client reaches it through a kubeconfig, `google-cloud-storage`
+through STORAGE_EMULATOR_HOST. Each JobSet plays a script: a list of pod runs, each a
+list of log lines and how it ends: `complete` (the JobSet completes and its declared
+outputs appear in the bucket), `fail` (the JobSet fails), `restart` (the pod ends, a new
+pod starts) or `drop` (the log stream breaks off mid-way, as a lost watch does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from tests import stubserver
+
+JOBSETS = re.compile(r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$")
+CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/]+))?(/log)?$")
+OBJECTS = re.compile(r"/storage/v1/b/([^/]+)/o$")
+STAMP = "2026-11-30T12:00:00Z"
+
+
+@dataclass
+class Run:
+    lines: list[str]
+    end: str  # complete | fail | restart | drop
+
+
+@dataclass
+class Kube:
+    scripts: dict[str, list[Run]] = field(default_factory=dict)  # job label (convert, train, ...) -> pod runs
+    jobsets: dict[str, dict] = field(default_factory=dict)
+    created: list[str] = field(default_factory=list)  # JobSet names, in creation order
+    deleted: list[str] = field(default_factory=list)
+    secrets: dict[str, dict] = field(default_factory=dict)
+    config_maps: dict[str, dict] = field(default_factory=dict)
+    objects: set[str] = field(default_factory=set)  # "bucket/name"
+    runs: dict[str, list[Run]] = field(default_factory=dict)  # JobSet -> pod runs left
+    pods: dict[str, int] = field(default_factory=dict)  # JobSet -> pods started
+    url: str = ""
+
+    def finish(self, name: str, end: str) -> None:
+        jobset = self.jobsets[name]
+        kind = "Completed" if end == "complete" else "Failed"
+        jobset["status"] = {"conditions": [{"type": kind, "status": "True", "lastTransitionTime": STAMP,
+                                            "message": "a pod failed" if kind == "Failed" else ""}]}  # fmt: skip
+        if end == "complete":
+            for output in jobset["metadata"]["annotations"]["tpu-rl/outputs"].split():
+                self.objects.add(output.removeprefix("gs://").replace("*", "4") + "/file")
+
+
+def _handler(kube: Kube):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def send(self, status: int, body, length: int | None = None) -> None:
+            data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain" if isinstance(body, bytes) else "application/json")
+            self.send_header("Content-Length", str(length if length is not None else len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def body(self) -> dict:
+            return json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+
+        def missing(self) -> None:
+            self.send(404, {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404})
+
+        def do_GET(self):
+            url = urlparse(self.path)
+            query = parse_qs(url.query)
+            if m := OBJECTS.match(url.path):
+                prefix = query.get("prefix", [""])[0]
+                items = [{"name": o.split("/", 1)[1], "bucket": m[1]} for o in sorted(kube.objects)
+                         if o.startswith(f"{m[1]}/{prefix}")]  # fmt: skip
+                return self.send(200, {"kind": "storage#objects", "items": items})
+            if (m := JOBSETS.match(url.path)) and m[2]:
+                return self.send(200, kube.jobsets[m[2]]) if m[2] in kube.jobsets else self.missing()
+            if (m := CORE.match(url.path)) and m[2] == "pods" and not m[3]:
+                name = query["labelSelector"][0].split("=", 1)[1]
+                return self.send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": self.pods(name)})
+            if (m := CORE.match(url.path)) and m[4]:
+                return self.log(m[3].rsplit("-pod-", 1)[0], query)
+            self.send(404, {"kind": "Status", "code": 404, "message": f"stub has no GET {url.path}"})
+
+        def pods(self, name: str) -> list[dict]:
+            jobset = kube.jobsets.get(name)
+            if jobset is None or name not in kube.pods:
+                return []
+            head = jobset["spec"]["replicatedJobs"][0]
+            pod_spec = head["template"]["spec"]["template"]["spec"]
+            finished = bool(jobset.get("status"))
+            labels = {"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": head["name"]}
+            meta = {"name": f"{name}-pod-{kube.pods[name]}", "labels": labels, "creationTimestamp": STAMP}
+            containers = [{"name": c["name"], "image": c["image"]} for c in pod_spec["containers"]]
+            phase = "Succeeded" if finished else "Running"
+            return [{"metadata": meta, "spec": {"containers": containers}, "status": {"phase": phase}}]
+
+        def log(self, name: str, query: dict) -> None:
+            runs = kube.runs.get(name) or []
+            if not runs:  # the JobSet has ended: its last pod's log (tail)
+                return self.send(200, b"last line\n")
+            run = runs[0]
+            text = "".join(line + "\n" for line in run.lines).encode()
+            if query.get("follow") != ["true"]:
+                return self.send(200, text)
+            runs.pop(0)
+            if run.end == "drop":  # announce more than is sent, then close: the client sees a broken stream
+                self.send(200, text, length=len(text) + 1000)
+                self.close_connection = True
+                return
+            self.send(200, text)
+            if run.end == "restart":
+                kube.pods[name] += 1
+            elif run.end in ("complete", "fail"):
+                kube.finish(name, run.end)
+
+        def do_POST(self):
+            url = urlparse(self.path)
+            body = self.body()
+            if (m := JOBSETS.match(url.path)) and not m[2]:
+                name = body["metadata"]["name"]
+                if name in kube.jobsets:
+                    return self.send(409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
+                body["metadata"]["creationTimestamp"] = STAMP
+                kube.jobsets[name] = body
+                kube.created.append(name)
+                kube.runs[name] = list(kube.scripts[body["metadata"]["labels"]["tpu-rl/job"]])
+                kube.pods[name] = 1
+                return self.send(201, body)
+            if m := CORE.match(url.path):
+                store = kube.secrets if m[2] == "secrets" else kube.config_maps
+                name = body["metadata"]["name"]
+                if name in store:
+                    return self.send(409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
+                store[name] = body
+                return self.send(201, body)
+            self.send(404, {"kind": "Status", "code": 404})
+
+        def do_PUT(self):
+            m = CORE.match(urlparse(self.path).path)
+            body = self.body()
+            (kube.secrets if m[2] == "secrets" else kube.config_maps)[m[3]] = body
+            self.send(200, body)
+
+        def do_DELETE(self):
+            m = JOBSETS.match(urlparse(self.path).path)
+            self.body()
+            kube.jobsets.pop(m[2], None)
+            kube.deleted.append(m[2])
+            self.send(200, {"kind": "Status", "status": "Success"})
+
+    return Handler
+
+
+def serve() -> tuple[Kube, ThreadingHTTPServer]:
+    kube = Kube()
+    return kube, stubserver.start(kube, _handler)
