@@ -32,7 +32,7 @@ from ..remote.jobrunner import JobState
 from ..results import runs
 from ..vm.machine import JobStatus
 from ..vm.output import Cleaner, lines
-from .jobsets import NAMESPACE, OUTPUTS_ANNOTATION, SECRET, TOOLS, TOOLS_CONFIG_MAP
+from .jobsets import BUCKET_MOUNT, NAMESPACE, OUTPUTS_ANNOTATION, SECRET, TOOLS, TOOLS_CONFIG_MAP
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 HEAD_JOBS = ("pathways-head", "main")  # the replicated job whose pod runs the MaxText module
@@ -44,7 +44,7 @@ CHUNK = 64 * 1024
 class Cluster:
     """One GKE cluster's JobSets in the tpu-rl namespace, and the bucket their outputs go to."""
 
-    def __init__(self, context: str, project: str, cleaner: Cleaner | None = None):
+    def __init__(self, context: str, project: str, bucket: str, cleaner: Cleaner | None = None):
         try:
             api = config.new_client_from_config(context=context)
         except (config.ConfigException, FileNotFoundError):
@@ -52,7 +52,7 @@ class Cluster:
                 f"no kubeconfig context {context}: run gcloud container clusters get-credentials "
                 "(README.md, Bigger slices)"
             ) from None
-        self.name = context
+        self.name, self.bucket = context, bucket
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.storage = storage.Client(project=project)
@@ -113,6 +113,15 @@ class Cluster:
             self.core.read_namespaced_pod_log, pod.metadata.name, NAMESPACE, container=name, tail_lines=count
         )
         return [self.cleaner(line) for line in text.splitlines()]
+
+    def download(self, directory: str, *_) -> dict[str, int]:
+        """`fab download` and `fab metrics` copy over SSH: on gke the files are in the bucket already."""
+        raise UserError(
+            f"{self.name}: fab download and fab metrics are for the vm backend; on gke everything is in the bucket: "
+            f"gcloud storage cp -r {directory.replace(BUCKET_MOUNT, f'gs://{self.bucket}', 1)} ."
+        )
+
+    download_verified = download
 
     def preflight(self, request: dict) -> list[dict]:
         return []  # Kueue admits a JobSet only when the slice's TPUs are free

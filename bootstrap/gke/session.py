@@ -40,7 +40,12 @@ def connect(outputs: dict, cleaner: Cleaner):
     """The stack's cluster through the kubeconfig context `gcloud container clusters get-credentials` writes."""
     from .cluster import Cluster  # the Kubernetes and Cloud Storage clients take a second to import: only here
 
-    return Cluster(f"gke_{outputs['project']}_{outputs['zone']}_{outputs['cluster_name']}", outputs["project"], cleaner)
+    return Cluster(
+        f"gke_{outputs['project']}_{outputs['zone']}_{outputs['cluster_name']}",
+        outputs["project"],
+        outputs["bucket"],
+        cleaner,
+    )
 
 
 def export_url(plan: Plan) -> str | None:

@@ -9,6 +9,7 @@ from datetime import datetime
 from fabric import task
 from rich.table import Table
 
+from ..errors import UserError
 from ..jobs.load import SETUP
 from ..results import runs
 from ..results.publish import publish_after_train
@@ -24,7 +25,9 @@ def _run(c, arg, run_name, only: list[str] | None, new_run=False, after: Callabl
     session = open_session(c, arg or [], run_name, new_run)
     with session.vm.lock(owner()):
         prepare(session)
-        names = session.plan.names if only is None else [SETUP, *(name for name in only if name != SETUP)]
+        names = session.plan.names if only is None else [n for n in session.plan.names if n in (SETUP, *only)]
+        if not names:  # `fab setup` on gke: the image is the environment
+            raise UserError(f"{session.vm.name} has no {', '.join(only)} job: the gke backend runs a prebuilt image")
         run_jobs(session, [session.plan.job(name) for name in names])
         if session.record.evals:
             console.print(eval_table(session.record.evals))

@@ -67,7 +67,7 @@ def owner() -> str:
 
 @dataclass
 class Session:
-    """One fab command's plan, VM, display and local run record."""
+    """One fab command's plan, VM (or the gke backend's cluster, behind the same interface), display and run record."""
 
     plan: Plan
     vm: Vm

@@ -131,6 +131,11 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     assert status.returncode == 0 and status.stdout.count("done") >= 3
     logs = fab("logs", "--job", "train", "--run-name", "r1")
     assert logs.returncode == 0 and "last line" in logs.stdout
+    export = fab("export", "--run-name", "r1")
+    assert export.returncode == 0 and "export: done already" in export.stdout, export.stdout + export.stderr
+    download = fab("download", "--run-name", "r1")
+    assert download.returncode == 2 and "fab download and fab metrics are for the vm backend" in download.stderr
+    assert "gcloud storage cp -r gs://my-results/llama3.1-8b-Instruct/hf-trained/r1 ." in download.stderr
 
 
 def test_a_failed_jobset_is_reported_then_replaced_on_retry(fab):
