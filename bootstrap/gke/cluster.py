@@ -91,7 +91,8 @@ class Cluster:
     def follow(self, key: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None) -> None:
         """The head pod's log until its stream ends; while no pod runs yet (queued by Kueue), a heartbeat."""
         while (pod := self._head_pod(key)) is None:
-            if _verdict(self._get(key) or {}) is not None:
+            jobset = self._get(key)
+            if jobset is None or _verdict(jobset) is not None:  # gone, or ended without a pod to read
                 return
             on_idle()
             time.sleep(POLL_SECONDS)

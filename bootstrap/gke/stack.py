@@ -11,7 +11,8 @@ from infra import settings
 from ..errors import UserError
 from ..jobs.spec import PipelineSpec
 from ..paths import REPO
-from .jobsets import Slice, require_image
+from .jobsets import Slice
+from .session import target_of
 
 
 def stack_config(stack: str) -> dict[str, str]:
@@ -31,5 +32,4 @@ def slice_of(stack: str, spec: PipelineSpec) -> Slice | None:
         raise UserError(f"Pulumi.{stack}.yaml: {err}") from None
     if checked.gke is None:
         return None
-    require_image(spec)
-    return Slice(bucket=checked.results_bucket, topology=checked.gke.topology, image=spec.gke.image)
+    return target_of({"bucket": checked.results_bucket, "topology": checked.gke.topology}, spec)

@@ -10,6 +10,7 @@ import yaml
 from fabric import task
 
 from ..gke import jobsets
+from ..gke import session as gke
 from ..jobs import load
 from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, validation_args
 from ..jobs.show import plan_dict, plan_text
@@ -32,21 +33,18 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi CLI)."""
     files = load.read(jobs_dir())
     pipeline = check_local(files, arg or [])
-    target = None
+    name = check_run_name(run_name) if run_name is not None else runs.current_run()
     if stack:
         from ..gke.stack import slice_of  # the Pulumi SDK takes a tenth of a second to import: only here
 
         target = slice_of(stack, pipeline.spec)
-    overrides = [*(jobsets.overrides(target) if target else []), *(arg or [])]  # the user's --arg win
-    if target:
-        check_local(files, overrides)
-    name = check_run_name(run_name) if run_name is not None else runs.current_run()
-    built = build(files, overrides, name or PLACEHOLDER_RUN)
+        if target:
+            check_local(files, [*jobsets.overrides(target), *(arg or [])])
+            manifests = [dict(job.runner_spec) for job in gke.plan(files, arg or [], name or "new-run", target).jobs]
+            print(json.dumps(manifests, indent=1) if json_ else yaml.safe_dump_all(manifests, sort_keys=False))
+            return
+    built = build(files, arg or [], name or PLACEHOLDER_RUN)
     record = runs.RunRecord.load(name) if name else None
-    if target:
-        manifests = jobsets.manifests(built.rendered, target, name or "new-run")
-        print(json.dumps(manifests, indent=1) if json_ else yaml.safe_dump_all(manifests.values(), sort_keys=False))
-        return
     print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
 
 

@@ -199,7 +199,7 @@ def test_fab_plan_json_on_a_gke_stack_config(tmp_path):
     finally:
         stack.unlink()
     assert shown.returncode == 0, shown.stderr
-    train = json.loads(shown.stdout)["train"]
+    train = next(m for m in json.loads(shown.stdout) if m["metadata"]["labels"]["tpu-rl/job"] == "train")
     workers = train["spec"]["replicatedJobs"][1]["template"]["spec"]
     assert workers["completions"] == xpk.system("v6e-16").vms_per_slice == 4
     assert no_image.returncode == 2 and "gke.image: missing" in no_image.stderr
