@@ -6,7 +6,7 @@ import dataclasses
 from types import MappingProxyType
 
 from ..jobs.load import JobFiles
-from ..jobs.plan import Plan, PlannedJob, build
+from ..jobs.plan import Plan, PlannedJob, build, check_local
 from ..jobs.spec import PipelineSpec
 from ..vm.output import Cleaner
 from . import jobsets
@@ -18,9 +18,16 @@ def target_of(outputs: dict, spec: PipelineSpec) -> jobsets.Slice:
     return jobsets.Slice(bucket=outputs["bucket"], topology=outputs["topology"], image=spec.gke.image)
 
 
-def plan(files: JobFiles, overrides: list[str], run_name: str, target: jobsets.Slice) -> Plan:
-    """The MaxText jobs, each planned as its JobSet (its key is the JobSet's name)."""
-    built = build(files, [*jobsets.overrides(target), *overrides], run_name)
+def overrides(files: JobFiles, target: jobsets.Slice, given: list[str]) -> list[str]:
+    """The gke settings, then the user's --arg (which win), checked like any job before anything is contacted."""
+    merged = [*jobsets.overrides(target), *given]
+    check_local(files, merged)
+    return merged
+
+
+def plan(files: JobFiles, merged: list[str], run_name: str, target: jobsets.Slice) -> Plan:
+    """The MaxText jobs for `overrides(...)`, each planned as its JobSet (its key is the JobSet's name)."""
+    built = build(files, merged, run_name)
     manifests = jobsets.manifests(built.rendered, target, run_name)
     jobs = tuple(
         PlannedJob(

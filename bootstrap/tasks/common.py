@@ -13,7 +13,6 @@ from rich.console import Console
 
 from .. import secrets
 from ..errors import UserError
-from ..gke import jobsets
 from ..gke import session as gke
 from ..jobs import load
 from ..jobs.check import base_model_of
@@ -65,8 +64,7 @@ def open_session(
         check_run_name(run_name)
     outputs = None if isinstance(c, Connection) else connect.stack_outputs()
     target = gke.target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
-    if target:
-        check_local(files, [*jobsets.overrides(target), *overrides])
+    planned_with = gke.overrides(files, target, overrides) if target else overrides
     sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
     if runs_jobs and "HF_TOKEN" in values:
@@ -84,7 +82,7 @@ def open_session(
         source = f"{driver.name}:{driver.layout.current_run}"
     name, why = choose_run(driver.install(), source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
-    plan = gke.plan(files, overrides, name, target) if target else build(files, overrides, name)
+    plan = gke.plan(files, planned_with, name, target) if target else build(files, overrides, name)
     return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides)
 
 

@@ -9,7 +9,6 @@ import sys
 import yaml
 from fabric import task
 
-from ..gke import jobsets
 from ..gke import session as gke
 from ..jobs import load
 from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, validation_args
@@ -39,8 +38,8 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
 
         target = slice_of(stack, pipeline.spec)
         if target:
-            check_local(files, [*jobsets.overrides(target), *(arg or [])])
-            manifests = [dict(job.runner_spec) for job in gke.plan(files, arg or [], name or "new-run", target).jobs]
+            merged = gke.overrides(files, target, arg or [])
+            manifests = [dict(job.runner_spec) for job in gke.plan(files, merged, name or "new-run", target).jobs]
             print(json.dumps(manifests, indent=1) if json_ else yaml.safe_dump_all(manifests, sort_keys=False))
             return
     built = build(files, arg or [], name or PLACEHOLDER_RUN)

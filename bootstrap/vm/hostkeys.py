@@ -204,10 +204,7 @@ def use_known_hosts(client: paramiko.SSHClient) -> None:
 
 
 def trust_new(client: paramiko.SSHClient) -> RecordNew:
-    """Like ssh's accept-new: a host not in ~/.ssh/known_hosts is recorded; a changed key is refused."""
-    path = Path(USER_KNOWN_HOSTS).expanduser()
-    if path.exists():
-        client.load_host_keys(str(path))
-    policy = RecordNew(path)
+    """Like ssh's accept-new, on a client set up by `use_known_hosts`: an unknown host is recorded instead."""
+    policy = RecordNew(Path(USER_KNOWN_HOSTS).expanduser())
     client.set_missing_host_key_policy(policy)
     return policy
