@@ -23,6 +23,14 @@ def lookup(name: str) -> str | None:
     return None
 
 
+def redact(text: str) -> str:
+    """`text` with the value of every secret set on this machine replaced."""
+    for name in KNOWN:
+        if value := lookup(name):
+            text = text.replace(value, REDACTED)
+    return text
+
+
 def require(names_by_source: dict[str, list[str]]) -> dict[str, str]:
     """The values of every secret the job files declare; one error listing all that are missing."""
     values, problems = {}, []

@@ -70,6 +70,39 @@ def model_keys(configs_dir: Path) -> dict[str, dict]:
     return keys
 
 
+# The defaults the local checks compute with (bootstrap/jobs/schedule.py: the RL learning-rate schedule),
+# as each module's config file sets them after its base_config chain.
+DEFAULT_KEYS = (
+    "learning_rate",
+    "learning_rate_schedule_steps",
+    "steps",
+    "warmup_steps_fraction",
+    "num_batches",
+    "train_fraction",
+    "num_epoch",
+    "rl.num_iterations",
+)
+
+
+def config_defaults(configs_dir: Path, config_names: set[str]) -> dict[str, dict]:
+    """DEFAULT_KEYS of each config file, loaded the way pyconfig loads it (its base_config chain merged)."""
+    from maxtext.configs import pyconfig
+    from omegaconf import OmegaConf
+
+    defaults = {}
+    for name in sorted(config_names):
+        loaded = OmegaConf.to_container(pyconfig._load_config(str(configs_dir / name)))
+        values = {}
+        for key in DEFAULT_KEYS:
+            head, _, tail = key.partition(".")
+            value = loaded.get(head)
+            value = value.get(tail) if tail and isinstance(value, dict) else value
+            if value is not None:
+                values[key] = value
+        defaults[name] = values
+    return defaults
+
+
 def build() -> dict:
     from maxtext.configs import pyconfig
     from maxtext.configs.types import MaxTextConfig
@@ -93,6 +126,7 @@ def build() -> dict:
         "nested": nested,
         "model_keys": model_keys(Path(pyconfig.MAXTEXT_CONFIGS_DIR)),
         "hf_ids": dict(sorted(HF_IDS.items())),  # model_name -> the Hugging Face repo it converts from
+        "defaults": config_defaults(Path(pyconfig.MAXTEXT_CONFIGS_DIR), {m["config"] for m in modules.values()}),
     }
 
 

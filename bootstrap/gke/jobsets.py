@@ -22,7 +22,8 @@ from ..jobs.load import RenderedJob
 
 SECRET = "tpu-rl-hf-token"
 TOOLS_CONFIG_MAP = "tpu-rl-tools"
-TOOLS = ("export_config.py", "manifest.py")  # export's follow-up steps, mounted from TOOLS_CONFIG_MAP
+# train's launcher and export's follow-up steps, mounted from TOOLS_CONFIG_MAP
+TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py")
 TOOLS_DIR = "/tpu-rl/tools"
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
 OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
@@ -94,12 +95,21 @@ def in_bucket(path: str, target: Slice) -> str:
     return f"gs://{target.bucket}{path.removeprefix(BUCKET_MOUNT)}" if path.startswith(BUCKET_MOUNT + "/") else path
 
 
+def _tool(path: str) -> str:
+    return f"{TOOLS_DIR}/{path.rsplit('/', 1)[-1]}"
+
+
 def command(job: RenderedJob) -> list[str]:
-    """The module with the image's python3, then its follow-up steps with the tools from the ConfigMap."""
-    main = ["python3", *job.argv[1:]] if job.module else list(job.argv)
+    """The module with the image's python3 (through its launcher, if it has one), then its follow-up
+    steps, with the tools from the ConfigMap."""
+    if job.module:
+        runs = job.argv[1] if job.argv[1] == "-m" else _tool(job.argv[1])
+        main = ["python3", runs, *job.argv[2:]]
+    else:
+        main = list(job.argv)
     if not job.after:
         return main
-    steps = [main, *(["python3", f"{TOOLS_DIR}/{step[1].rsplit('/', 1)[1]}", *step[2:]] for step in job.after)]
+    steps = [main, *(["python3", _tool(step[1]), *step[2:]] for step in job.after)]
     return ["sh", "-c", " && ".join(shlex.join(step) for step in steps)]
 
 
@@ -158,12 +168,14 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     }
 
 
-CPU_MOUNTS = [{"name": "bucket", "mountPath": BUCKET_MOUNT}, {"name": "tools", "mountPath": TOOLS_DIR}]
+TOOLS_MOUNT = {"name": "tools", "mountPath": TOOLS_DIR}
+TOOLS_VOLUME = {"name": "tools", "configMap": {"name": TOOLS_CONFIG_MAP}}
+CPU_MOUNTS = [{"name": "bucket", "mountPath": BUCKET_MOUNT}, TOOLS_MOUNT]
 
 
 def _cpu_volumes(target: Slice) -> list[dict]:
     fuse = {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {"bucketName": target.bucket}}
-    return [{"name": "bucket", "csi": fuse}, {"name": "tools", "configMap": {"name": TOOLS_CONFIG_MAP}}]
+    return [{"name": "bucket", "csi": fuse}, TOOLS_VOLUME]
 
 
 def _head(job: RenderedJob, target: Slice, scratch: str) -> dict:
@@ -211,7 +223,7 @@ def _head(job: RenderedJob, target: Slice, scratch: str) -> dict:
     ]
     trainer = {
         **_main_container(job, target, pathways_env),
-        "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}],
+        "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}, TOOLS_MOUNT],
     }
     return {
         "name": "pathways-head",
@@ -232,7 +244,7 @@ def _head(job: RenderedJob, target: Slice, scratch: str) -> dict:
                         "initContainers": [proxy, manager],
                         "containers": [trainer],
                         "restartPolicy": "Never",
-                        "volumes": [_shared_tmp()],
+                        "volumes": [_shared_tmp(), TOOLS_VOLUME],
                     }
                 },
             },

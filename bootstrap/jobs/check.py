@@ -1,31 +1,28 @@
 """Check MaxText keys on the laptop, in milliseconds, without MaxText installed.
 
-The facts come from bootstrap/maxtext_schema.json, generated from the real
+The facts come from bootstrap/jobs/maxtext_schema.json, generated from the real
 maxtext package by scripts/generate_maxtext_schema.py. This catches what MaxText
 would reject after minutes of setup, and the traps it would silently accept:
-RL keys at the top level and unknown keys under rl./debug.
+RL keys at the top level, unknown keys under rl./debug., and an RL learning-rate
+schedule that cannot train the run (schedule.py).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-from functools import cache
-from pathlib import Path
-
-import yaml
 
 from .. import secrets
 from ..errors import Problem
+from . import schedule
 from .load import DEFERRED, Pipeline
+from .schema import schema
 
-SCHEMA_FILE = Path(__file__).with_name("maxtext_schema.json")
+TOKEN_ARG = (
+    "the token is never passed as an argument (`ps` on the VM, spec.json and fab plan would show it); fab gives "
+    "it to the job through its environment: declare `secrets: [HF_TOKEN]` and set HF_TOKEN or run `hf auth login`"
+)
 BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
-
-
-@cache
-def schema() -> dict:
-    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+BOOL_WORDS_TRUE = {"true", "1", "yes"}
 
 
 def _suggest(word: str, choices) -> str:
@@ -67,6 +64,9 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
     for key, value in args.items():
         where = origin("args", key)
         head, dot, tail = key.partition(".")
+        if key == "hf_access_token":
+            problems.append(where.problem(f"args.{key}", TOKEN_ARG))
+            continue
         if dot:
             if head not in nested:
                 problems.append(
@@ -102,6 +102,8 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
         elif error := _type_error(value, fields[key]):
             problems.append(where.problem(f"args.{key}", error))
     problems += _check_model_keys(args, origin)
+    if not problems and (planned := schedule.of(module, args)):
+        problems += [origin("args", schedule.KEY).problem(f"args.{schedule.KEY}", p) for p in planned.problems()]
     allowed = facts["modules"][module]["flags"]
     for flag in flags:
         if flag not in allowed:
@@ -129,8 +131,21 @@ def _check_model_keys(args: dict[str, str], origin) -> list[Problem]:
             f"{model}.yml (MaxText's model config) sets it to {owned[key]!r}; add override_model_config=True to change it",
         )
         for key, value in args.items()
-        if key in owned and yaml.safe_load(value) != owned[key]
+        if key in owned and not _same_value(value, owned[key])
     ]
+
+
+def _same_value(text: str, expected) -> bool:
+    """Whether the argument `text` is the model config's `expected` value, read as MaxText reads
+    scalars, without parsing the user's text as YAML (a tag or a deep nest in it must not run)."""
+    if isinstance(expected, bool):
+        return text.lower() in (BOOL_WORDS_TRUE if expected else BOOL_WORDS - BOOL_WORDS_TRUE)
+    if isinstance(expected, int | float):
+        try:
+            return float(text) == expected
+        except ValueError:
+            return False
+    return text == str(expected)
 
 
 def base_model(model_name: str) -> str | None:
@@ -153,6 +168,27 @@ def _check_hf_model(pipeline: Pipeline) -> list[Problem]:
             "vars.hf_model", f"{named!r} is not the repository MaxText converts this model from ({expected})"
         )
     ]
+
+
+def check_secret_values(pipeline: Pipeline, values: dict[str, str]) -> list[Problem]:
+    """A secret's value written into a job (an --arg, an env value, a command) would reach the VM's argv,
+    spec.json and fab plan: refused, without repeating it."""
+    problems = []
+    for job in pipeline.jobs.values():
+        spec = job.spec
+        sections = {"args": spec.args, "flags": spec.flags, "env": spec.env}
+        sections["command"] = dict(enumerate(spec.command or []))
+        for section, items in sections.items():
+            for key, value in items.items():
+                if (section, key) == ("args", "hf_access_token"):
+                    continue  # refused by name already
+                for name in (n for n, secret in values.items() if secret and secret in value):
+                    where = job.origin(section, str(key))
+                    source = where.source.replace(values[name], secrets.REDACTED)
+                    message = f"holds the value of your {name}; {secrets.KNOWN[name].split(' (')[0]} reaches a job "
+                    message += f"only through its environment: declare `secrets: [{name}]` in the job instead"
+                    problems.append(Problem(source, f"{section}.{key}", message, where.line))
+    return problems
 
 
 def check_pipeline(pipeline: Pipeline) -> list[Problem]:

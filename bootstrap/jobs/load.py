@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from ..errors import Problem, UserError
 from ..remote.jobrunner import Layout
-from . import yamlfile
+from . import schedule, yamlfile
 from .spec import JOB_NAME, JobSpec, PipelineSpec
 
 PIPELINE_FILE = "pipeline.yaml"
@@ -81,7 +81,7 @@ class RenderedJob:
     name: str
     description: str
     module: str | None  # None for a plain command
-    argv: list[str]
+    argv: list[str]  # a module's: python, `-m` or its launcher, the module, then its arguments
     env: dict[str, str]
     secrets: list[str]
     cwd: str
@@ -268,7 +268,28 @@ def provided_values(spec: PipelineSpec) -> dict[str, str]:
     }
 
 
+TRAIN_STEPS = "train_steps"  # an RL trainer's own step count, from its resolved arguments
+
+
+def _job_values(job: Job, values: dict[str, str]) -> dict[str, str]:
+    """The shared values, plus ${train_steps} in an RL trainer's files: the updates MaxText will run
+    (num_batches x rl.num_iterations x train_fraction x num_epoch), so that a schedule sized with it
+    stays right when any of those changes."""
+    if job.spec.module != schedule.RL_TRAINER:
+        return values
+    reference = f"${{{TRAIN_STEPS}}}"
+    args = {
+        k: substitute(v, values.__getitem__, job.origin("args", k), f"args.{k}", [], values)
+        for k, v in job.spec.args.items()
+        if reference not in v
+    }
+    steps = schedule.train_steps(args)  # None: an argument is not a number, which the key check reports
+    return {**values, TRAIN_STEPS: str(steps or 0)}
+
+
 def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> None:
+    values = _job_values(job, values)
+
     def sub(text: str, *path: str) -> str:
         return substitute(text, values.__getitem__, job.origin(*path), ".".join(path), problems, values)
 
@@ -276,6 +297,8 @@ def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> N
     spec.args = {k: sub(v, "args", k) for k, v in spec.args.items()}
     spec.flags = {k: sub(v, "flags", k) for k, v in spec.flags.items()}
     spec.env = {k: sub(v, "env", k) for k, v in spec.env.items()}
+    if spec.launcher is not None:
+        spec.launcher = sub(spec.launcher, "launcher")
     if spec.command is not None:
         spec.command = [sub(v, "command", str(i)) for i, v in enumerate(spec.command)]
     spec.after = [[sub(v, "after", str(n), str(i)) for i, v in enumerate(a)] for n, a in enumerate(spec.after)]
@@ -302,7 +325,7 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
     for job in pipeline.jobs.values():
         spec = job.spec
         if spec.module:
-            argv = [python, "-m", spec.module]
+            argv = [python, spec.launcher or "-m", spec.module]
             argv += [f"{k}={v}" for k, v in spec.args.items()]
             argv += [f"--{k}={v}" for k, v in spec.flags.items()]
         else:

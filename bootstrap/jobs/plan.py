@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from .. import secrets
 from ..errors import UserError
 from ..remote.jobrunner import Layout
-from . import check, environment
+from . import check, environment, schedule
 from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
 from .spec import PipelineSpec
 
@@ -45,6 +46,7 @@ class PlannedJob:
     shared: bool = False
     rendered: RenderedJob | None = None  # None for the setup and publish jobs
     target: str = ""  # where a publish job puts the model
+    lr_schedule: schedule.Schedule | None = None  # an RL trainer's learning rate at every step
 
     @property
     def uses_tpu(self) -> bool:
@@ -91,10 +93,17 @@ class Plan:
         return export.outputs[0].rsplit("/", 1)[0]
 
 
+def secret_sources(pipeline: Pipeline) -> dict[str, list[str]]:
+    """The secrets each job file declares, by file."""
+    return {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
+
+
 def check_local(files: JobFiles, overrides: list[str]) -> Pipeline:
-    """Every problem in jobs/ and the overrides, MaxText's keys included, before anything is contacted."""
+    """Every problem in jobs/ and the overrides, MaxText's keys included, before anything is contacted;
+    also a secret set on this machine whose value was written into a job."""
     pipeline = resolve(files, overrides)
     problems = check.check_pipeline(pipeline)
+    problems += check.check_secret_values(pipeline, secrets.available(secret_sources(pipeline)))
     if problems:
         raise UserError(problems)
     return pipeline
@@ -158,7 +167,8 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         needs = (*job.needs, VALIDATE) if follows_module and spec.vm.validate_args else tuple(job.needs)
         if job.module:
             modules.add(job.name)
-        planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job))
+        lr = schedule.of(job.module, pipeline.jobs[job.name].spec.args)
+        planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
     if spec.vm.validate_args:
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
     return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline))

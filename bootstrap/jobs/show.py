@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import asdict
 
 from ..results.runs import RunRecord
 from ..secrets import REDACTED
 from .load import RenderedJob
 from .plan import PLACEHOLDER_RUN, Plan
+from .schedule import Schedule
 
 
 def _run_info(plan: Plan, record: RunRecord | None) -> dict:
@@ -28,9 +30,19 @@ def _env(job: RenderedJob) -> dict[str, str]:
     return {**job.env, **{name: REDACTED for name in job.secrets}}
 
 
+def _schedule_dict(lr: Schedule) -> dict:
+    return {**asdict(lr), "highest": lr.highest, "last": lr.rate(lr.train_steps)}
+
+
 def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
     jobs = [
-        {**job.rendered.to_dict(), "env": _env(job.rendered), "job_dir": job.job_dir, "shared": job.shared}
+        {
+            **job.rendered.to_dict(),
+            "env": _env(job.rendered),
+            "job_dir": job.job_dir,
+            "shared": job.shared,
+            **({"lr_schedule": _schedule_dict(job.lr_schedule)} if job.lr_schedule else {}),
+        }
         for job in plan.jobs
         if job.rendered is not None
     ]
@@ -59,6 +71,7 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
             *(f"   then:    {shlex.join(a)}" for a in job.after),
             f"   inputs:  {', '.join(job.inputs) or '-'}",
             f"   outputs: {', '.join(job.outputs)}",
+            *([f"   lr:      {planned.lr_schedule.line()}"] if planned.lr_schedule else []),
         ]
     lines += ["", "${hostname} and ${latest_step:DIR} are looked up on the VM when the job starts."]
     return "\n".join(lines)

@@ -46,6 +46,7 @@ class JobSpec(Strict):
 
     description: str = ""
     module: str | None = None
+    launcher: str | None = None  # a script that runs the module in place of `python -m` (maxtext_run.py)
     command: list[str] | None = None  # an argv, for jobs that are not MaxText modules (prefetch)
     after: list[list[str]] = []  # argvs run after the job succeeded, in its environment
     needs: list[JobName] = []
@@ -63,8 +64,8 @@ class JobSpec(Strict):
             raise ValueError("give exactly one of module (a MaxText entry point) or command (an argv)")
         if self.command is not None and not self.command:
             raise ValueError("command is empty")
-        if self.command is not None and (self.args or self.flags):
-            raise ValueError("args and flags are for MaxText modules; put a command's arguments in command")
+        if self.command is not None and (self.args or self.flags or self.launcher):
+            raise ValueError("args, flags and launcher are for MaxText modules; put a command's arguments in command")
         return self
 
 

@@ -29,6 +29,10 @@ Series = dict[str, dict[int, float]]  # tag -> step -> value
 # tunix logs rollout metrics for step N at step N-1 (tests/fixtures/logs, maxtext_cpu.md): shift them
 # so that one row is one training step. jax/* are compile and checkpoint timings, not training.
 ONE_STEP_BEHIND = ("rewards/", "completions/")
+# tunix writes a step's metrics once the next update is done and reads the learning rate from the
+# optimizer state then, so step N's value is the rate of update N+1 (the last step's is its own, which
+# the step before it already shows): shifted too, the rate of update 1 is not in the files.
+LEARNING_RATE = "actor/train/learning_rate"
 SKIPPED = ("jax/",)
 
 
@@ -47,6 +51,9 @@ def read_events(folder: Path) -> Series:
                 value = tensor_util.make_ndarray(event.tensor_proto)
                 if value.size == 1:
                     series.setdefault(tag, {})[event.step] = float(value.reshape(-1)[0])
+    if LEARNING_RATE in series:
+        values = series[LEARNING_RATE]
+        series[LEARNING_RATE] = {step + 1: value for step, value in values.items() if step < max(values)}
     return {
         tag: {step + tag.startswith(ONE_STEP_BEHIND): value for step, value in values.items()}
         for tag, values in series.items()

@@ -31,6 +31,7 @@ def model_card(session: Session) -> str:
     base_model = session.plan.base_model or _arg(argv, "model_name")
     algorithm = _arg(argv, "rl.loss_algo", "grpo").upper()
     steps = _arg(argv, "num_batches", "?")
+    lr = session.plan.job("train").lr_schedule
     rows = "\n".join(
         f"| {eval_label(e)} "
         f"| {e['accuracy']:.2f} | {e['format_accuracy']:.2f} | {e['partial_accuracy']:.2f} | {e['mean_reward']:.3f} |"
@@ -51,6 +52,7 @@ tags:
 
 Trained with MaxText on a Cloud TPU v6e-8 by tpu-rl: run `{session.plan.run_name}`,
 {algorithm} for {steps} batches of `{DATASET}` (config `main`), checkpoint exported back to Hugging Face format.
+{f"Learning rate: {lr.line()}." if lr else ""}
 
 | GSM8K eval | accuracy % | format accuracy % | partial accuracy % | mean reward |
 |---|---|---|---|---|

@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..gke import session as gke
 from ..jobs import load
 from ..jobs.check import base_model_of
-from ..jobs.plan import build, check_local, check_run_name
+from ..jobs.plan import build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
 from ..remote.jobrunner import Layout
 from ..results import hub, runs
@@ -38,7 +38,8 @@ def reports_errors(body: Callable) -> Callable:
         try:
             return body(*args, **kwargs)
         except UserError as err:
-            raise Exit(f"error: {err}".replace("\n", "\nerror: "), code=2) from None
+            message = secrets.redact(str(err))  # an --arg quoted back could hold the token
+            raise Exit(f"error: {message}".replace("\n", "\nerror: "), code=2) from None
         except KeyboardInterrupt:
             raise Exit(
                 "\ninterrupted: anything started on the VM goes on. Run the same command again to carry on.", code=130
@@ -65,7 +66,7 @@ def open_session(
     outputs = None if isinstance(c, Connection) else connect.stack_outputs()
     target = gke.target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
     planned_with = gke.overrides(files, target, overrides) if target else overrides
-    sources = {str(job.doc.path): job.spec.secrets for job in pipeline.jobs.values()}
+    sources = secret_sources(pipeline)
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
     if runs_jobs and "HF_TOKEN" in values:
         console.print("checking the Hugging Face token")

@@ -32,7 +32,15 @@ from .output import Cleaner, lines
 
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
 MAX_MANIFEST_BYTES = 1 << 20
-TOOLS = ("jobrunner.py", "maxtext_check.py", "hub_upload.py", "gcs_upload.py", "export_config.py", "manifest.py")
+TOOLS = (
+    "jobrunner.py",
+    "maxtext_check.py",
+    "maxtext_run.py",
+    "hub_upload.py",
+    "gcs_upload.py",
+    "export_config.py",
+    "manifest.py",
+)
 CHUNK = 64 * 1024
 IDLE_SECONDS = 5
 COMMAND_TIMEOUT_SECONDS = 120

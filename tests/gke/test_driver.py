@@ -121,7 +121,7 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     secret = fab.kube.secrets["tpu-rl-hf-token"]
     assert secret["stringData"] == {"HF_TOKEN": fab.token}
     assert fab.token not in json.dumps(fab.kube.jobsets)  # only the Secret holds it
-    assert set(fab.kube.config_maps["tpu-rl-tools"]["data"]) == {"export_config.py", "manifest.py"}
+    assert set(fab.kube.config_maps["tpu-rl-tools"]["data"]) == {"maxtext_run.py", "export_config.py", "manifest.py"}
 
     again = fab("train", "--run-name", "r1")
     assert again.returncode == 0, again.stderr

@@ -3,8 +3,10 @@
     PYTHON make_inputs.py OUT_DIR      # PYTHON: a venv with safetensors, tokenizers, transformers, pyarrow
 
 OUT_DIR/hf_model/   a random Llama 3.1 of the real architecture's shape rules (32 layers,
-                    head_dim 128: the converter takes both from its hard-coded 8B table) but tiny widths
-OUT_DIR/tokenizer/  a byte-level BPE with Llama 3 special tokens and a chat template
+                    head_dim 128: the converter takes both from its hard-coded 8B table) but tiny widths,
+                    with a prior for the RL format tags, so that GRPO has rewards to learn from
+OUT_DIR/tokenizer/  a byte-level BPE with Llama 3 special tokens, the format tags as single tokens,
+                    and a chat template
 OUT_DIR/gsm8k/      GSM8K-format parquet (question, answer ending in `#### N`)
 OUT_DIR/hf_home/    an offline Hugging Face cache entry for meta-llama/Llama-3.1-8B-Instruct, the id
                     to_huggingface hard-codes, with that model's own config and generation config shape
@@ -36,6 +38,17 @@ SPECIAL = [
     "<|finetune_right_pad_id|>",
     "<|python_tag|>",
 ]
+# rl.yml's reasoning_start_token, reasoning_end_token, solution_start_token, solution_end_token: what
+# MaxText's format rewards count in a completion (utils_rl.match_format_approximately).
+FORMAT_TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
+# The prior: embedding dimension 0 is CONSTANT_DIRECTION for every token, large enough to dominate the
+# residual stream, so after the final RMSNorm it is close to sqrt(HIDDEN) = 8 in every context, and each tag's
+# lm_head row turns it into a fixed logit bonus of about TAG_BIAS x 8 = 2.6. Measured with a numpy forward
+# pass of this model at the sampler's temperature 0.9: each tag is about 2.7% of the sampled tokens, so a
+# 32-token completion holds a given tag exactly once about a third of the time, and the completions of one
+# prompt earn different rewards; the bonus survives the first updates (a weak constant, 1.0, did not).
+# A random model without it samples a tag (three BPE pieces before add_tokens) almost never.
+CONSTANT_DIRECTION, TAG_BIAS = 8.0, 0.33
 # train_rl wraps every question in this (rl.yml's chat_template_path, gsm8k_rl.json); a tokenizer that
 # knows its words keeps prompts near 100 tokens, under max_prefill_predict_length=128.
 PROMPT_TEMPLATE = (
@@ -88,6 +101,7 @@ def write_tokenizer(folder: Path, texts: list[str]) -> PreTrainedTokenizerFast:
         eos_token="<|eot_id|>",
         pad_token="<|finetune_right_pad_id|>",
     )
+    tokenizer.add_tokens(FORMAT_TAGS)  # plain added tokens: decoded text keeps them, as the rewards need
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.save_pretrained(folder)
     return tokenizer
@@ -116,17 +130,21 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> dict:
     }
 
 
-def write_model(folder: Path, config: dict) -> None:
+def write_model(folder: Path, config: dict, tag_ids: list[int]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
 
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
+    embed, lm_head = weight(VOCAB, HIDDEN), weight(VOCAB, HIDDEN)
+    embed[:, 0] = CONSTANT_DIRECTION
+    lm_head[:, 0] = 0.0
+    lm_head[tag_ids, 0] = TAG_BIAS
     tensors = {
-        "model.embed_tokens.weight": weight(VOCAB, HIDDEN),
+        "model.embed_tokens.weight": embed,
         "model.norm.weight": np.ones(HIDDEN, np.float32),
-        "lm_head.weight": weight(VOCAB, HIDDEN),
+        "lm_head.weight": lm_head,
     }
     for i in range(LAYERS):
         p = f"model.layers.{i}."
@@ -170,7 +188,7 @@ def main(out: Path) -> None:
     texts = write_gsm8k(out / "gsm8k")
     tokenizer = write_tokenizer(out / "tokenizer", texts)
     config = model_config(tokenizer)
-    write_model(out / "hf_model", config)
+    write_model(out / "hf_model", config, tokenizer.convert_tokens_to_ids(FORMAT_TAGS))
     write_hub_cache(out / "hf_home", out / "tokenizer", out / "hf_model", config)
     print(out)
 

@@ -1,22 +1,32 @@
 """The real pipeline, end to end, through fab: real `fab setup` of maxtext 0.2.3 from PyPI, then the real
 to_maxtext, train_rl (only vLLM replaced by a CPU sampler, shim/) and to_huggingface on a tiny model.
 
+The tiny model earns real rewards (make_inputs.py), so these prove the outcome, not only the mechanics:
+GRPO had a learning signal, the learning rate of every update was the one `fab plan` showed (and the one
+MaxText's own optimizer builds), the weights moved, and the export is the final checkpoint.
 The tests share one run (module fixture) and run in file order: the last ones change it.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from bootstrap.jobs import load
+from bootstrap.jobs.plan import build
+from bootstrap.jobs.schedule import Schedule
+from bootstrap.paths import REPO
 from tests.loopback import Fab
 from tests.maxtext_cpu.conftest import HERE, VENV, overrides
 
 STEPS = 4
+BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
 
 
 def current_run(fab: Fab) -> str:
@@ -36,6 +46,38 @@ def run(cpu_fab: Fab) -> dict:
     name = current_run(cpu_fab)
     work = cpu_fab.tmp / "shm" / "llama3.1-8b-Instruct"
     return {"args": args, "inputs": inputs, "train": train, "run": name, "work": work}
+
+
+@pytest.fixture(scope="module")
+def metrics(cpu_fab: Fab, run: dict) -> list[dict]:
+    """`fab metrics` of the run: metrics.csv as rows, one per training step."""
+    result = cpu_fab("metrics", *run["args"])
+    assert result.returncode == 0, result.stderr
+    with (cpu_fab.tmp / "runs" / run["run"] / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def weights(run: dict) -> dict:
+    """compare_weights.py on the input model, the actor checkpoints and the export (before any test changes them)."""
+    actor = run["work"] / "post-train" / run["run"] / "checkpoints" / "actor"
+    export = run["work"] / "hf-trained" / run["run"]
+    compare = subprocess.run(
+        [VENV / "bin" / "python", HERE / "compare_weights.py", run["inputs"] / "hf_model", actor, export],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stderr[-3000:]
+    return json.loads(compare.stdout)
+
+
+def planned_schedule(cpu_fab: Fab, run: dict) -> Schedule:
+    """The schedule `fab plan` shows for this run (the product's own prediction)."""
+    plan = cpu_fab("plan", "--json", *run["args"])
+    assert plan.returncode == 0, plan.stderr
+    (train,) = [job for job in json.loads(plan.stdout)["jobs"] if job["name"] == "train"]
+    fields = {k: v for k, v in train["lr_schedule"].items() if k in Schedule.__dataclass_fields__}
+    return Schedule(**fields)
 
 
 def job_log(fab: Fab, run: dict, job: str) -> str:
@@ -70,39 +112,94 @@ def test_fab_showed_train_steps_and_the_real_eval_table(run: dict):
     assert "0/2" in table  # corr/total of the real evals (a random model answers nothing right)
 
 
-def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict):
-    result = cpu_fab("metrics", *run["args"])
-    assert result.returncode == 0, result.stderr
+def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, metrics: list[dict]):
+    for tag in ("actor/train/loss", "actor/train/kl", "rewards/train/score/mean", "actor/train/learning_rate"):
+        assert tag in metrics[0]
+    assert [row["step"] for row in metrics] == [str(s) for s in range(1, STEPS + 1)]
     folder = cpu_fab.tmp / "runs" / run["run"]
-    header, *rows = (folder / "metrics.csv").read_text().splitlines()
-    for tag in ("actor/train/loss", "actor/train/kl", "rewards/train/score/mean"):
-        assert tag in header.split(",")
-    assert [row.split(",")[0] for row in rows] == [str(s) for s in range(1, STEPS + 1)]
     assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert (folder / "evals.csv").read_text().count("\n") == 4  # header, before, step 2, after
 
 
+def test_grpo_had_a_learning_signal(cpu_fab: Fab, run: dict, metrics: list[dict]):
+    """rl.yml's batch_size is 1: each step's rewards are one prompt's group of rl.num_generations completions,
+    scored by MaxText's own reward functions."""
+    spread = [float(row["rewards/train/score/max"]) - float(row["rewards/train/score/min"]) for row in metrics]
+    assert any(s > 0 for s in spread), spread  # completions of one prompt earned different rewards
+    assert spread[0] > 0, spread
+    # At step 1 the policy is the reference model, so the KL term has no gradient: what is left is the
+    # policy gradient of the group's advantages, which are zero unless the rewards differ.
+    assert float(metrics[0]["actor/train/kl"]) == pytest.approx(0.0, abs=1e-6)
+    assert float(metrics[0]["actor/train/grad_norm"]) > 0.01, metrics[0]
+    assert any(float(row["actor/train/loss"]) != 0.0 for row in metrics)
+    train = job_log(cpu_fab, run, "train")  # answers were graded, and the job still ended (maxtext_run.py)
+    assert "[tpu-rl] closed MaxText's math_verify grader pool" in train
+
+
+def test_every_update_used_the_learning_rate_fab_plan_showed(cpu_fab: Fab, run: dict, metrics: list, weights: dict):
+    """The optimizer state saved at each step (a checkpoint every step) holds the rate that step's update used."""
+    lr = planned_schedule(cpu_fab, run)
+    assert (lr.train_steps, lr.schedule_steps) == (STEPS, STEPS)  # ${train_steps}: sized to the run
+    used = {int(step): saved for step, saved in weights["steps"].items()}
+    assert sorted(used) == list(range(1, STEPS + 1))
+    for step, saved in used.items():
+        assert saved["count"] == step
+        assert saved["lr"] == pytest.approx(lr.rate(step), rel=BF16), (step, saved)  # the trainer keeps it in bf16
+    for row in metrics[1:]:  # and what fab metrics shows for each step is that step's rate
+        assert float(row["actor/train/learning_rate"]) == pytest.approx(used[int(row["step"])]["lr"], rel=1e-6)
+    assert lr.highest == pytest.approx(3e-4)  # the peak is reached, in the first update here (no warmup in 4 steps)
+
+
+def test_the_local_schedule_is_maxtexts_own(run: dict):
+    """For the shipped job, the reference's unset schedule (which the local check refuses) and changed run
+    lengths: MaxText's pyconfig, get_max_train_steps and get_optimizer, stepped through each run, give the
+    rates the plan predicts. (`run`: fab setup built the venv.)"""
+    cases = [[], ["train.learning_rate_schedule_steps=-1"], ["train.rl.num_iterations=2"], ["train.train_fraction=0.5"]]
+    trains = [build(load.read(REPO / "jobs"), case, "r1").job("train") for case in cases]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(HERE / "shim")}
+    real = subprocess.run(
+        [VENV / "bin" / "python", HERE / "maxtext_lr.py"],
+        input=json.dumps([train.rendered.argv[3:] for train in trains]),
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert real.returncode == 0, real.stderr[-3000:]
+    results = json.loads(real.stdout)
+    for case, train, maxtext in zip(cases, trains, results, strict=True):
+        lr = train.lr_schedule
+        assert maxtext["train_steps"] == lr.train_steps, case
+        assert maxtext["rates"] == pytest.approx([lr.rate(s) for s in range(1, lr.train_steps + 1)], rel=1e-5), case
+    assert max(results[1]["rates"]) == pytest.approx(9.8e-9, rel=0.01)  # the reference's, as the check says
+
+
+def test_training_moved_the_weights_and_the_export_is_the_final_checkpoint(weights: dict):
+    """With weight decay off, only gradients move the weights, and only the rewards give a gradient at step 1."""
+    tensors = weights["tensors"]
+    assert weights["names_match"] and len(tensors) == 291 and weights["dtypes"] == ["bfloat16"]
+    matrices = {name: t for name, t in tensors.items() if not name.endswith("norm.weight")}
+    unmoved = [name for name, t in matrices.items() if t["moved"] <= 1.0]
+    assert not unmoved, unmoved[:5]  # every weight matrix changed by more than bf16 rounding explains
+    assert max(t["moved"] for t in tensors.values()) > 5
+    differs = {name: t["vs_checkpoint"] for name, t in tensors.items() if t["vs_checkpoint"] > 1.0}
+    assert not differs, list(differs.items())[:5]  # every tensor is the last actor checkpoint's, within bf16
+    assert max(t["vs_first_checkpoint"] for t in tensors.values()) > 1.0  # the last one, not an earlier one
+
+
 def test_export_read_the_highest_actor_step(run: dict, cpu_fab: Fab):
     actor = run["work"] / "post-train" / run["run"] / "checkpoints" / "actor"
-    assert sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit()) == [1, STEPS]
+    assert sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit()) == list(range(1, STEPS + 1))
     assert (actor / str(STEPS) / "optimizer_state").is_dir()
     assert f"load_parameters_path: {actor}/{STEPS}/model_params" in job_log(cpu_fab, run, "export")
 
 
-def test_the_export_is_servable_and_every_tensor_round_trips(run: dict):
+def test_the_export_is_servable(run: dict):
     export = run["work"] / "hf-trained" / run["run"]
     snapshot = next((run["inputs"] / "hf_home" / "hub").glob("models--*/snapshots/*"))
     base_generation = json.loads((snapshot / "generation_config.json").read_text())
     assert json.loads((export / "generation_config.json").read_text()) == base_generation
     config = json.loads((export / "config.json").read_text())
     assert config["eos_token_id"] == json.loads((snapshot / "config.json").read_text())["eos_token_id"]
-    compare = subprocess.run(
-        [VENV / "bin" / "python", HERE / "compare_weights.py", run["inputs"] / "hf_model", export],
-        capture_output=True,
-        text=True,
-    )
-    assert compare.returncode == 0, compare.stdout + compare.stderr
-    assert "291 tensors equal within bf16 tolerance, dtype bfloat16" in compare.stdout
     sums = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=export, capture_output=True, text=True)
     assert sums.returncode == 0 and ".safetensors: OK" in sums.stdout, sums.stdout + sums.stderr
 

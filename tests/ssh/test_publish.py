@@ -37,6 +37,7 @@ def test_upload_to_the_hub_verified_with_a_model_card(fab: Fab):
     assert fab.hub.private[repo] is True
     assert "base_model: meta-llama/Llama-3.1-8B-Instruct" in card
     assert "GRPO for 10 batches of `openai/gsm8k`" in card
+    assert "Learning rate: warmup 1 step to 3e-06, cosine to 0 over 10 steps" in card  # sized to the 10 steps
     assert "| before training | 33.33 |" in card and "| after training | 55.56 |" in card
     assert "| step 10 |" not in card  # the eval at the final step is the Post eval, not counted twice
 

@@ -36,6 +36,11 @@ DELIBERATE = {
     "serviceAccountName": "pods run as tpu-rl/tpu-rl-jobs: Workload Identity to the stack's bucket only",
     "priorityClassName": "XPK's priority classes are not part of this cluster; one queue, one workload at a time",
 }
+# Pod volumes we add (the trainer container, mounts included, is ours in both documents).
+DELIBERATE_VOLUMES = {
+    "tools": "the tpu-rl-tools ConfigMap: train_rl runs through maxtext_run.py, which closes MaxText 0.2.3's "
+    "math_verify grader pool so that the trainer can exit",
+}
 
 
 def rendered_jobs(overrides=()) -> list:
@@ -112,6 +117,8 @@ def normalized(document: dict) -> dict:
                 node.pop(key, None)
             if "tpu-rl/job" in node:
                 node.pop("tpu-rl/job")
+            if isinstance(node.get("volumes"), list):
+                node["volumes"] = [v for v in node["volumes"] if v["name"] not in DELIBERATE_VOLUMES]
             if isinstance(node.get("env"), list):
                 node["env"] = sorted(node["env"], key=lambda e: e["name"])
             for value in node.values():
@@ -146,7 +153,8 @@ def test_train_carries_pathways_settings_and_the_token_only_by_reference():
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "tpu-rl-hf-token", "key": "HF_TOKEN"}}
     assert not any(name.startswith("TPU_") for name in env)  # the single VM's settings are dropped
     argv = trainer["command"]
-    assert argv[:3] == ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl"]
+    assert argv[:3] == ["python3", "/tpu-rl/tools/maxtext_run.py", "maxtext.trainers.post_train.rl.train_rl"]
+    assert {"name": "tools", "mountPath": "/tpu-rl/tools"} in trainer["volumeMounts"]
     for arg in ("chips_per_vm=4", "checkpoint_storage_use_ocdbt=False", "checkpoint_storage_use_zarr3=False"):
         assert arg in argv
     assert "base_output_directory=gs://my-results/llama3.1-8b-Instruct/post-train" in argv

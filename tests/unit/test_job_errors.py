@@ -42,6 +42,11 @@ OVERRIDE_CASES = [
         "args.base_emb_dim: llama3.1-8b.yml (MaxText's model config) sets it to 4096; add override_model_config=True",
     ),
     ("train.num_batches=many", "args.num_batches: 'many' is not an integer"),
+    # Values are never parsed as YAML: a python tag, a deep nest or a broken flow list is only a wrong value.
+    ('train.base_emb_dim=!!python/object/apply:os.system ["true"]', "args.base_emb_dim: '!!python/object/apply"),
+    ("train.base_emb_dim=" + "[" * 2000, "args.base_emb_dim: '[[[["),
+    ("train.base_emb_dim=[", "args.base_emb_dim: '[' is not an integer"),
+    ("train.base_emb_dim=4096", None),  # the model's own value: accepted without override_model_config
     ("train.scan_layers=maybe", "args.scan_layers: 'maybe' is not a boolean"),
     ("export.model_name=llama3.1-8b", "args.model_name: 'llama3.1-8b' differs from convert's 'llama3.1-8b-Instruct'"),
     ("train", "--arg train: --arg: expected JOB.KEY=VALUE"),
@@ -50,8 +55,11 @@ OVERRIDE_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("override", "message"), OVERRIDE_CASES, ids=[c[0] for c in OVERRIDE_CASES])
+@pytest.mark.parametrize(("override", "message"), OVERRIDE_CASES, ids=[c[0][:60] for c in OVERRIDE_CASES])
 def test_bad_override(override, message):
+    if message is None:
+        load_checked(REPO / "jobs", [override])
+        return
     with pytest.raises(UserError) as raised:
         load_checked(REPO / "jobs", [override])
     assert message in str(raised.value)
@@ -172,3 +180,22 @@ def test_fab_plan_names_the_recorded_run(tmp_path):
     assert data["run"]["name"] == "2026-11-30-12-00-00"
     assert data["run"]["has_checkpoints"] is True
     assert "run_name=2026-11-30-12-00-00" in data["jobs"][2]["argv"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.hf_access_token={token}", "args.hf_access_token: the token is never passed as an argument"),
+        ("train.hf_access_token=placeholder", "args.hf_access_token: the token is never passed as an argument"),
+        ("convert.env.HF_HUB_TOKEN={token}", "env.HF_HUB_TOKEN: holds the value of your HF_TOKEN"),
+        ("convert.--hf_model_path=/x/{token}", "flags.hf_model_path: holds the value of your HF_TOKEN"),
+    ],
+)
+def test_the_token_in_a_job_is_refused_without_repeating_it(tmp_path, override, message):
+    """MaxText's own hf_access_token= (or the token's value anywhere) would reach the VM's argv and fab plan."""
+    token = "hf_arg" + "y" * 30
+    env = {**os.environ, "HF_TOKEN": token, "TPU_RL_RUNS": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    result = fab("plan", "--arg", override.format(token=token), env=env)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("error:") == 1 and message in result.stderr, result.stderr
+    assert token not in result.stderr

@@ -33,6 +33,8 @@ def events_dir(tmp_path):
             writer.add_event(scalar_event(0, "jax/core/compile/backend_compile_duration", 1.5, as_tensor))
             writer.add_event(scalar_event(step, "actor/train/loss", 1 / step, as_tensor))
             writer.add_event(scalar_event(step, "actor/train/kl", 0.001 * step, as_tensor))
+            # as tunix logs it: at step N the rate of update N+1, at the last step its own (the same again)
+            writer.add_event(scalar_event(step, "actor/train/learning_rate", 1e-4 * min(step + 1, 10), as_tensor))
         writer.close()
     return folder
 
@@ -73,11 +75,21 @@ EVALS = [
 
 def test_reads_simple_values_and_tensors(events_dir):
     series = metrics.read_events(events_dir)
-    assert sorted(series) == ["actor/train/kl", "actor/train/loss", "rewards/train/score/mean"]
+    assert sorted(series) == [
+        "actor/train/kl",
+        "actor/train/learning_rate",
+        "actor/train/loss",
+        "rewards/train/score/mean",
+    ]
     assert sorted(series["actor/train/loss"]) == list(range(1, 11))
     assert sorted(series["rewards/train/score/mean"]) == list(range(1, 11))  # aligned with the actor's steps
     assert series["rewards/train/score/mean"][3] == pytest.approx(0.3)
     assert series["rewards/train/score/mean"][8] == pytest.approx(0.8)  # from the tensor-form file
+
+
+def test_each_step_shows_the_learning_rate_its_update_used(events_dir):
+    rates = metrics.read_events(events_dir)["actor/train/learning_rate"]
+    assert rates == {step: pytest.approx(1e-4 * step) for step in range(2, 11)}  # update 1's is not logged
 
 
 def test_csv(events_dir, tmp_path):

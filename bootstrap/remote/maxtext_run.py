@@ -1,0 +1,46 @@
+"""Run a MaxText entry point as `python -m MODULE ARGS...` would, then let the process end.
+
+    python maxtext_run.py MODULE ARGS...
+
+MaxText 0.2.3's RL rewards grade answers in a spawned process pool
+(trainers/post_train/rl/math_verify_pool.py) that is never closed: at exit its atexit hook
+terminates the idle workers, one of which holds the pool's queue lock, and multiprocessing's
+own finalizer then waits for that lock forever. train_rl logs "RL Training Completed
+Successfully!" and never exits, so its job never ends. This closes the pool the graceful way
+(close + join: each worker takes its stop sentinel and exits) once the module returns, and
+otherwise changes nothing: same __main__, same sys.argv[0], same exit status. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
+
+
+def close_grader_pool() -> bool:
+    """Close MaxText's grader pool if the module started one; True if there was one."""
+    grader = sys.modules.get(GRADER_POOL)
+    pool = getattr(grader, "_POOL", None)
+    if pool is None:
+        return False
+    grader._POOL = None  # its atexit hook then has nothing left to terminate
+    pool.close()
+    pool.join()
+    return True
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit(__doc__.splitlines()[2].strip())
+    module, sys.argv = argv[0], [argv[0], *argv[1:]]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        if close_grader_pool():
+            print(f"[tpu-rl] closed MaxText's math_verify grader pool so that {module} can exit", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

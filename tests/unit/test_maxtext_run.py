@@ -1,0 +1,69 @@
+"""maxtext_run.py runs a module as `python -m` would and closes a grader pool the module left open.
+
+The real case (MaxText 0.2.3's train_rl never exiting once its math_verify pool graded an
+answer) is exercised by the real CPU tier, whose rewards make the pool start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from bootstrap.paths import REPO
+
+LAUNCHER = REPO / "bootstrap" / "remote" / "maxtext_run.py"
+
+
+def run(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+    (tmp_path / "entry.py").write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, LAUNCHER, "entry", *args],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_module_runs_as_main_with_its_arguments_and_its_exit_status(tmp_path):
+    result = run(
+        tmp_path,
+        """
+        import sys
+        if __name__ == "__main__":
+            print(sys.argv[1:], sys.argv[0].endswith("entry.py"))
+            sys.exit(3)
+        """,
+        "model_name=x",
+        "--flag=1",
+    )
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == "['model_name=x', '--flag=1'] True\n"
+    assert "closed" not in result.stderr  # no pool, nothing said
+
+
+def test_a_pool_left_open_is_closed_and_its_workers_are_gone(tmp_path):
+    """A spawned pool in the grader module's slot, as train_rl leaves it: the launcher closes and joins it."""
+    result = run(
+        tmp_path,
+        """
+        import multiprocessing, sys, types
+        module = types.ModuleType("maxtext.trainers.post_train.rl.math_verify_pool")
+        sys.modules[module.__name__] = module
+
+        def square(x):
+            return x * x
+
+        if __name__ == "__main__":
+            module._POOL = multiprocessing.get_context("spawn").Pool(2)
+            print(module._POOL.map(square, [2, 3]), [p.pid for p in module._POOL._pool], flush=True)
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "closed MaxText's math_verify grader pool so that entry can exit" in result.stderr
+    squares, pids = result.stdout.split("] [")
+    assert squares == "[4, 9"
+    for pid in pids.strip("]\n").split(", "):
+        assert not Path(f"/proc/{pid}").exists()  # joined: no worker left behind
