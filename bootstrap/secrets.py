@@ -12,9 +12,10 @@ import os
 import huggingface_hub
 
 from .errors import Problem, UserError
+from .remote import jobrunner
 
 KNOWN = {"HF_TOKEN": "the Hugging Face token (export HF_TOKEN=... or run `hf auth login`)"}
-REDACTED = "<redacted>"
+REDACTED = jobrunner.REDACTED.decode()
 
 
 def lookup(name: str) -> str | None:

@@ -101,6 +101,10 @@ def _handler(hub: Hub):
                 if write and token.role == "read":
                     return self._send(403, {"error": "You don't have the rights to write to this repository"})
                 return self._send(200, {})
+            if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(/revision/[^/]+)?", path):  # repo_info
+                if m[1] not in hub.repos:
+                    return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+                return self._send(200, {"id": m[1], "private": hub.private.get(m[1], False), "sha": "0" * 40})
             if m := re.fullmatch(r"/api/models/(.+?)/tree/[^/]+(/.*)?", path):
                 files = hub.repos.get(m[1])
                 if files is None:

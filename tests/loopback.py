@@ -71,8 +71,9 @@ class Host:
 
 
 @contextmanager
-def loopback_host(root: Path, extra_env: dict[str, str] | None = None) -> Iterator[Host]:
-    """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit. `extra_env`: the VM's environment."""
+def loopback_host(root: Path, extra_env: dict[str, str] | None = None, sftp: bool = True) -> Iterator[Host]:
+    """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit. `extra_env`: the VM's environment;
+    `sftp`: whether it serves the SFTP subsystem."""
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key"], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "user_key"], check=True)
@@ -101,7 +102,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
 SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin:{Path(python312()).parent} {passed}
-Subsystem sftp internal-sftp
+{"Subsystem sftp internal-sftp" if sftp else ""}
 ClientAliveInterval 5
 """
     )

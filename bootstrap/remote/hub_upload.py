@@ -67,7 +67,15 @@ def main(argv: list[str]) -> int:
 
     api = HfApi()
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)
-    print(f"[tpu-rl] repository {url} ({'private' if args.private else 'public'})", flush=True)
+    private = api.repo_info(args.repo_id).private  # an existing repo keeps its own visibility
+    print(f"[tpu-rl] repository {url} ({'private' if private else 'public'})", flush=True)
+    if args.private and not private:
+        print(
+            f"[tpu-rl] not uploading: {args.repo_id} exists and is public, but results.hub_private is true; "
+            "make it private on the Hub (its Settings), or set results.hub_private: false to publish it",
+            flush=True,
+        )
+        return 1
     try:
         wanted = wanted_files(args.folder, args.card)
     except ValueError as err:

@@ -53,6 +53,7 @@ RESULT = "result.json"  # the runner's verdict: exit code, error
 DONE = "done"  # written only after the outputs were verified
 LOG = "log"
 RUNNER_ERR = "runner.err"  # the runner's own stderr: shown when it fails to start
+REDACTED = b"<redacted>"  # what a secret becomes in any output (bootstrap/secrets.py uses it too)
 
 
 class JobState(str, enum.Enum):
@@ -338,10 +339,46 @@ def launch(job_dir: str, spec_text: str) -> int:
     return 0
 
 
+class Redactor:
+    """Replaces the secrets the VM holds (what its jobs were given) in a byte stream, so that a log shows
+    `<redacted>` even to a laptop that no longer knows the token. A chunk's last bytes wait for the next
+    chunk, so that a secret split between two chunks is still found."""
+
+    def __init__(self, secrets_dir: str):
+        folder = os.path.expanduser(secrets_dir)
+        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        values = []
+        for name in names:
+            with open(os.path.join(folder, name), "rb") as f:
+                values.append(f.read().strip())
+        self.secrets = [value for value in values if value]
+        self.keep = max((len(value) for value in self.secrets), default=1) - 1
+        self.pending = b""
+
+    @classmethod
+    def of(cls, job_dir: str) -> Redactor:
+        """For a job's folder: its spec names the secrets folder (before launch: nothing to redact)."""
+        try:
+            with open(os.path.join(job_dir, SPEC)) as f:
+                return cls(json.load(f).get("secrets_dir", ""))
+        except (OSError, ValueError):
+            return cls("")
+
+    def feed(self, data: bytes) -> bytes:
+        """What of the stream so far can be shown (all of it once `data` is b"": the end)."""
+        text = self.pending + data
+        for value in self.secrets:
+            text = text.replace(value, REDACTED)
+        cut = max(0, len(text) - self.keep) if data else len(text)
+        self.pending = text[cut:]
+        return text[:cut]
+
+
 def follow(job_dir: str, tail: bool) -> int:
-    """Copy the job's log to stdout as it grows; end once the job is no longer running."""
+    """Copy the job's log to stdout as it grows, secrets redacted; end once the job is no longer running."""
     log_path = os.path.join(job_dir, LOG)
     out = sys.stdout.buffer
+    redactor = Redactor.of(job_dir)
     position = max(0, os.path.getsize(log_path) - 8192) if tail and os.path.exists(log_path) else 0
     while True:
         try:
@@ -352,12 +389,33 @@ def follow(job_dir: str, tail: bool) -> int:
             data = b""
         if data:
             position += len(data)
-            out.write(data)
+            out.write(redactor.feed(data))
             out.flush()
             continue
         if job_state(job_dir)["state"] != JobState.RUNNING.value:
-            return 0  # the log was read to its end after the job stopped
+            out.write(redactor.feed(b""))  # the log was read to its end after the job stopped
+            out.flush()
+            return 0
         time.sleep(FOLLOW_POLL_SECONDS)
+
+
+def tail(job_dir: str, count: int, name: str) -> int:
+    """The last `count` lines of a file of the job's folder (its log by default), secrets redacted."""
+    try:
+        with open(os.path.join(job_dir, name), "rb") as f:
+            f.seek(max(0, os.path.getsize(f.name) - 1024 * 1024))
+            data = f.read()
+    except FileNotFoundError:
+        return 0
+    redactor = Redactor.of(job_dir)
+    shown = redactor.feed(data) + redactor.feed(b"")
+    parts = shown.split(b"\n")
+    if parts[-1] == b"":  # the file ends its last line
+        parts = parts[:-1] + [b""]
+        sys.stdout.buffer.write(b"\n".join(parts[-count - 1 :]))
+    else:
+        sys.stdout.buffer.write(b"\n".join(parts[-count:]))
+    return 0
 
 
 def prepare(state_dir: str, run: str | None) -> int:
@@ -474,6 +532,8 @@ def main(argv: list[str]) -> int:
             return 0
         if command == "follow":
             return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
+        if command == "tail":
+            return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
         if command == "prepare":
             return prepare(os.path.expanduser(args[0]), args[1] if len(args) > 1 else None)
         if command == "lock":

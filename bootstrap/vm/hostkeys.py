@@ -27,12 +27,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import paramiko
-from paramiko.hostkeys import HostKeyEntry
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from ..errors import UserError
 from ..paths import pinned_host_keys
 
-KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
+# Only this type is pinned from the guest attributes: any process on the VM may write guest attributes, so
+# a key the VM's sshd does not serve must not become trusted; the VM image's sshd serves ed25519, and the
+# connection then negotiates that type (paramiko asks first for the type it knows).
+PINNED_TYPE = "ssh-ed25519"
 HOST_KEY_WAIT_SECONDS = 300  # the guest agent publishes the keys within a minute or two of the first boot
 POLL_SECONDS = 5
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -62,9 +65,23 @@ class RecordNew(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client, hostname, key):
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ends_line = not self.path.exists() or self.path.read_bytes()[-1:] in (b"", b"\n")
         with open(self.path, "a") as known:
-            known.write(HostKeyEntry([hostname], key).to_line())
+            known.write(("" if ends_line else "\n") + HostKeyEntry([hostname], key).to_line())
         self.recorded = (hostname, key)
+
+
+def read_entries(path: Path) -> list[HostKeyEntry]:
+    """The entries of a known_hosts file; like OpenSSH, a line that cannot be read is skipped."""
+    entries = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            entry = HostKeyEntry.from_line(line, number)
+        except (InvalidHostKey, paramiko.SSHException, ValueError):
+            continue
+        if entry is not None:
+            entries.append(entry)
+    return entries
 
 
 def describe(key: paramiko.PKey) -> str:
@@ -121,11 +138,12 @@ def published_keys(project: str, zone: str, instance: str) -> list[tuple[str, st
         raise UserError(f"the Compute Engine API failed reading {instance}'s SSH host keys: {err}") from None
     keys = []
     for item in answer.query_value.items:
-        if item.namespace != "hostkeys" or item.key not in KEY_TYPES:
+        if item.namespace != "hostkeys" or item.key != PINNED_TYPE:
             continue
         try:
             blob = base64.b64decode(item.value, validate=True)
-        except binascii.Error:
+            paramiko.PKey.from_type_string(item.key, blob)  # a key of its type, not only base64
+        except (binascii.Error, paramiko.SSHException, ValueError):
             continue
         if base64.b64encode(blob).decode() == item.value.strip():
             keys.append((item.key, item.value.strip()))
@@ -145,8 +163,9 @@ def wait_for_keys(
         left = deadline - time.monotonic()
         if left <= 0:
             raise UserError(
-                f"{instance} has not published its SSH host keys (guest attributes hostkeys/) after {wait:.0f} s; "
-                "is the VM running, and was it created with enable-guest-attributes=TRUE (pulumi up)?"
+                f"{instance} has not published a valid {PINNED_TYPE} SSH host key (guest attributes hostkeys/) "
+                f"after {wait:.0f} s; is the VM running, and was it created with enable-guest-attributes=TRUE "
+                "(pulumi up)?"
             )
         time.sleep(min(POLL_SECONDS, left))
     return keys
@@ -157,13 +176,11 @@ class Pins:
 
     def __init__(self, path: Path | None = None):
         self.path = path or pinned_host_keys()
-        self.entries = []
-        if self.path.exists():
-            lines = self.path.read_text().splitlines()
-            self.entries = [e for e in map(HostKeyEntry.from_line, lines) if e is not None]
+        self.entries = read_entries(self.path) if self.path.exists() else []
 
     def keys_for(self, instance_id: str) -> list[paramiko.PKey]:
-        return [e.key for e in self.entries if f"compute.{instance_id}" in e.hostnames]
+        alias = f"compute.{instance_id}"
+        return [e.key for e in self.entries if alias in e.hostnames and e.key.get_name() == PINNED_TYPE]
 
     def pin(self, instance_id: str, address: str, keys: list[paramiko.PKey]) -> None:
         """Record `keys` for this instance at this address, replacing what was pinned for either."""
@@ -171,7 +188,7 @@ class Pins:
         kept = [e for e in self.entries if alias not in e.hostnames and address not in e.hostnames]
         self.entries = kept + [HostKeyEntry([alias, address], key) for key in keys]
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = self.path.with_suffix(".tmp")
+        temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # two fabs pinning at once
         temporary.write_text("".join(e.to_line() for e in self.entries))
         temporary.replace(self.path)
 
@@ -198,8 +215,10 @@ def pin_stack_vm(client: paramiko.SSHClient, outputs: dict, host: str, port: int
 def use_known_hosts(client: paramiko.SSHClient) -> None:
     """Accept only what ~/.ssh/known_hosts holds for the host; refuse unknown hosts."""
     path = Path(USER_KNOWN_HOSTS).expanduser()
-    if path.exists():
-        client.load_host_keys(str(path))
+    known = client.get_host_keys()
+    for entry in read_entries(path) if path.exists() else []:
+        for name in entry.hostnames:
+            known.add(name, entry.key.get_name(), entry.key)
     client.set_missing_host_key_policy(RefuseUnknown())
 
 

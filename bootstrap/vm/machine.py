@@ -169,6 +169,20 @@ class Vm:
                 "run the same command again"
             ) from None
 
+    def _sftp(self) -> paramiko.SFTPClient:
+        """The SFTP session that carries tpu-rl's tools, the token and downloads."""
+        try:
+            return self.conn.sftp()
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            transport = self.conn.client.get_transport() if self.conn.is_connected else None
+            if not isinstance(err, paramiko.SSHException) or transport is None or not transport.is_active():
+                with self._io():  # the connection itself is gone: one line, as everywhere
+                    raise
+            raise UserError(
+                f"{self.name} offers no SFTP ({err}); fab copies its tools and the token over SFTP: enable sshd's "
+                "`Subsystem sftp` (on by default in Debian and Ubuntu's sshd_config)"
+            ) from None
+
     def _open(self, command: str, timeout: float) -> paramiko.Channel:
         self.check_lock()
         with self._io():
@@ -220,7 +234,7 @@ class Vm:
             "preparing the state folder",
         )
         fields = {line.split()[1]: line.split()[0] for line in out.splitlines() if len(line.split()) == 2}
-        sftp = self.conn.sftp()
+        sftp = self._sftp()
         for tool in TOOLS:
             local = REMOTE_SCRIPTS / tool
             if fields.get(tool) != hashlib.sha256(local.read_bytes()).hexdigest():
@@ -245,7 +259,7 @@ class Vm:
         digests = {
             path: digest for digest, path in (line.split(maxsplit=1) for line in lines if line != "startup done")
         }
-        done, sftp = [], self.conn.sftp()
+        done, sftp = [], self._sftp()
         for name, value in secrets.items():
             path = self._sftp_path(paths[name])
             with self._io():
@@ -322,7 +336,7 @@ class Vm:
 
     def tail(self, job_dir: str, count: int, name: str = jobrunner.LOG) -> list[str]:
         """The last lines of a job's log (or another file of its folder), cleaned like followed output."""
-        code, out, _ = self.execute(f"tail -n {count} {shlex.quote(f'{job_dir}/{name}')} 2>/dev/null")
+        code, out, _ = self.execute(self.runner("tail", job_dir, str(count), name))
         return [self.clean(line) for line in lines([out.encode()])]
 
     def preflight(self, request: dict) -> list[dict]:
@@ -365,7 +379,7 @@ class Vm:
         files = self.list_files(directory)
         if not files:
             raise UserError(f"{self.name}: nothing to download in {directory}")
-        sftp = self.conn.sftp()
+        sftp = self._sftp()
         for path, size in sorted(files.items()):
             target = _inside(local, path, f"{self.name}:{directory}")
             if not (target.exists() and target.stat().st_size == size):
@@ -383,7 +397,7 @@ class Vm:
         Names that would land outside `local` are refused before anything is written.
         """
         where = f"{self.name}:{directory}/{manifest.NAME}"
-        sftp = self.conn.sftp()
+        sftp = self._sftp()
         with self._io():
             try:
                 with sftp.open(self._sftp_path(f"{directory}/{manifest.NAME}")) as f:
@@ -420,7 +434,7 @@ class Vm:
         partial.replace(target)
 
     def put_text(self, path: str, text: str) -> None:
-        self.conn.sftp().putfo(io.BytesIO(text.encode()), self._sftp_path(path))
+        self._sftp().putfo(io.BytesIO(text.encode()), self._sftp_path(path))
 
 
 def _inside(local: Path, name: str, source: str) -> Path:

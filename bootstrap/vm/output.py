@@ -26,9 +26,10 @@ class Cleaner:
         self.secrets = [s for s in secrets if s]
 
     def __call__(self, text: str) -> str:
+        text = CONTROL.sub("", text)  # first: a control sequence inside a secret must not hide it
         for value in self.secrets:
             text = text.replace(value, REDACTED)
-        return CONTROL.sub("", text)
+        return text
 
 
 def lines(chunks: Iterable[bytes]) -> Iterator[str]:

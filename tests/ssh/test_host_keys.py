@@ -6,6 +6,7 @@ guest attributes; a `pulumi` on PATH prints the stack's outputs.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from tests import computestub
 from tests.loopback import REPO, Fab
 
 INSTANCE = "tpu-rl-v6e-8"
+BROKEN_KEY = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519" + b"\x01" * 7).decode()  # base64, but no key
 
 
 def fingerprint(public_key_file) -> str:
@@ -121,10 +123,50 @@ def test_stack_vm_still_booting_is_waited_for(fab, compute):
     assert f"waiting for {INSTANCE} to publish its SSH host keys" in result.stdout
 
 
+def test_only_a_valid_ed25519_key_is_pinned(fab, compute, tmp_path):
+    """Any process on the VM may write guest attributes: other types and broken keys are never pinned."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-N", "", "-f", tmp_path / "planted"], check=True)
+    kind, blob = key_fields(fab.host.host_key)
+    compute.host_keys[INSTANCE] = [key_fields(tmp_path / "planted.pub"), (kind, BROKEN_KEY), (kind, blob)]
+    stack = Stack(fab, compute, instance_id="5005")
+    result = stack("status")
+    assert result.returncode == 0, result.stderr
+    pinned = stack.pins.read_text().splitlines()
+    assert pinned == [f"compute.5005,[127.0.0.1]:{fab.host.port} {kind} {blob}"]
+
+
+def test_a_broken_published_key_alone_is_one_line_after_the_wait(compute, monkeypatch):
+    monkeypatch.setenv(hostkeys.COMPUTE_API_ENV, compute.url)
+    compute.host_keys["broken-vm"] = [("ssh-ed25519", BROKEN_KEY)]
+    with pytest.raises(UserError, match="broken-vm has not published a valid ssh-ed25519 SSH host key"):
+        hostkeys.wait_for_keys("my-project", "us-east5-b", "broken-vm", lambda line: None, wait=0)
+
+
+def test_pins_written_by_many_fabs_at_once_never_fail(tmp_path):
+    """Each writer has its own temporary file; the pins file is always whole."""
+    script = (
+        "import sys, paramiko\n"
+        "from pathlib import Path\n"
+        "from bootstrap.vm.hostkeys import Pins\n"
+        "key = paramiko.Ed25519Key.from_private_key_file(sys.argv[2])\n"
+        "for i in range(150):\n"
+        "    Pins(Path(sys.argv[1])).pin(sys.argv[3], f'[127.0.0.1]:{i}', [key])\n"
+    )
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "k"], check=True)
+    pins = tmp_path / "known_hosts"
+    writers = [
+        subprocess.Popen([sys.executable, "-c", script, pins, tmp_path / "k", str(n)], cwd=REPO, stderr=subprocess.PIPE)
+        for n in range(4)
+    ]
+    errors = [w.communicate(timeout=120)[1] for w in writers]
+    assert [w.returncode for w in writers] == [0, 0, 0, 0], errors
+    assert hostkeys.read_entries(pins)  # readable
+
+
 def test_keys_never_published_end_in_a_clear_error(compute, monkeypatch):
     monkeypatch.setenv(hostkeys.COMPUTE_API_ENV, compute.url)
     said = []
-    with pytest.raises(UserError, match="has not published its SSH host keys .* after 1 s; is the VM running"):
+    with pytest.raises(UserError, match="has not published a valid ssh-ed25519 SSH host key .* after 1 s; is the VM"):
         hostkeys.wait_for_keys("my-project", "us-east5-b", "never-booted", said.append, wait=1)
     assert said == ["waiting for never-booted to publish its SSH host keys (first boot; up to 1 s)"]
 
@@ -142,6 +184,22 @@ def test_unknown_host_is_refused_until_trusted_once(fab):
     assert f"recorded [127.0.0.1]:{fab.host.port} ssh-ed25519 {fingerprint(fab.host.host_key)}" in trusted.stdout
     assert known_hosts.read_text() == fab.host.known_hosts_line()
     assert fab("status").returncode == 0
+
+
+def test_trust_host_keeps_a_known_hosts_without_a_final_newline_and_skips_lines_it_cannot_read(fab, other_key):
+    """OpenSSH skips a malformed line; an entry appended to a file that lacks its last newline stays its own line."""
+    known_hosts = fab.home / ".ssh" / "known_hosts"
+    kind, blob = key_fields(other_key)
+    known_hosts.write_text(f"garbage-host ssh-ed25519 not*base64\nother.example {kind} {blob}")
+    trusted = fab("trust-host")
+    assert trusted.returncode == 0, trusted.stderr
+    assert known_hosts.read_text().splitlines()[1:] == [
+        f"other.example {kind} {blob}",
+        fab.host.known_hosts_line().strip(),
+    ]
+    result = fab("status")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_changed_host_key_is_refused_even_by_trust_host(fab, other_key):

@@ -25,7 +25,7 @@ from bootstrap.jobs.plan import PlannedJob, runner_spec
 from bootstrap.remote.jobrunner import JobState, Layout
 from bootstrap.vm.connect import open_connection
 from bootstrap.vm.machine import Vm
-from tests.loopback import REPO, Fab
+from tests.loopback import REPO, Fab, loopback_host
 
 SLOW_TRAIN = ("--arg", "vars.num_batches=6", "--arg", "train.env.STANDIN_SECONDS=1")
 
@@ -219,6 +219,13 @@ def test_a_token_printed_by_a_job_is_redacted_live_and_in_fab_logs(fab: Fab):
     logs = fab("logs", "--job", "convert", *leak)
     assert "Error: the Hub refused token <redacted>, retrying" in logs.stdout and fab.token not in logs.stdout
     assert "\x1b" not in logs.stdout
+    # A shell without the token (or after it was rotated): the VM redacts what it holds before sending.
+    without = {name: value for name, value in fab.env().items() if name != "HF_TOKEN"}
+    blind = subprocess.run(
+        fab.command("logs", "--job", "convert", *leak), env=without, capture_output=True, text=True, timeout=120
+    )
+    assert blind.returncode == 0, blind.stderr
+    assert "Error: the Hub refused token <redacted>, retrying" in blind.stdout and fab.token not in blind.stdout
 
 
 def test_a_token_file_found_with_a_wide_mode_is_fixed_not_refused(fab: Fab):
@@ -242,3 +249,13 @@ def test_a_full_disk_is_one_line(fab: Fab):
         no_traceback(result)
     finally:
         subprocess.run(["umount", "-l", str(state)], check=True)
+
+
+def test_an_sshd_without_sftp_is_one_line(fab: Fab, tmp_path):
+    with loopback_host(tmp_path / "no-sftp", sftp=False) as host:
+        (fab.home / ".ssh" / "known_hosts").write_text(host.known_hosts_line())
+        plain = Fab(host, fab.tmp, fab.token, fab.jobs, fab.hub)
+        result = plain("setup")
+    assert result.returncode == 2
+    assert "offers no SFTP" in result.stderr and "Subsystem sftp" in result.stderr
+    no_traceback(result)

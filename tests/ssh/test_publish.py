@@ -45,6 +45,18 @@ def test_upload_to_the_hub_verified_with_a_model_card(fab: Fab):
     assert "publish-hub: done already" in again.stdout
 
 
+def test_an_existing_public_repo_gets_nothing_when_private_is_asked(fab: Fab):
+    """create_repo(private=True, exist_ok=True) leaves an existing repo public: its real visibility decides."""
+    repo = f"tester/public-{fab.tmp.name}"
+    fab.hub.repos[repo], fab.hub.private[repo] = {}, False
+    set_results(fab, hub_repo=repo)
+    result = fab("train", "--arg", "vars.num_batches=2")
+    assert result.returncode == 2
+    assert f"not uploading: {repo} exists and is public, but results.hub_private is true" in result.stdout
+    assert "(private)" not in result.stdout and "(public)" in result.stdout
+    assert fab.hub.repos[repo] == {}  # not one file sent
+
+
 def test_upload_that_fails_half_way_resumes_without_sending_files_again(fab: Fab):
     repo = f"tester/resume-{fab.tmp.name}"
     set_results(fab, hub_repo=repo)

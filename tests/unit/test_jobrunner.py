@@ -197,3 +197,28 @@ def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch
     monkeypatch.setattr(jobrunner, "_write_json", spying_write)
     assert jobrunner._Job(str(tmp_path)).run() == 0
     assert "failed" not in seen and seen[-1] == "done"
+
+
+def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_path):
+    """What follow and tail send: the stored token is <redacted> wherever the chunks happen to end."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "HF_TOKEN").write_text("hf_stored0123456789\n")
+    log = b"start hf_stored0123456789 middle hf_stored0123456789end\n"
+    expected = b"start <redacted> middle <redacted>end\n"
+    for cut in range(len(log) + 1):
+        redactor = jobrunner.Redactor(str(tmp_path / "secrets"))
+        shown = redactor.feed(log[:cut]) + redactor.feed(log[cut:]) + redactor.feed(b"")
+        assert shown == expected, cut
+
+
+def test_tail_shows_the_last_lines_redacted(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "HF_TOKEN").write_text("hf_tail0123456789")
+    (job / jobrunner.SPEC).write_text(json.dumps({"secrets_dir": str(tmp_path / "secrets")}))
+    (job / jobrunner.LOG).write_text("one\ntwo hf_tail0123456789\nthree\n")
+    result = subprocess.run(
+        [sys.executable, jobrunner.__file__, "tail", str(job), "2"], capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "two <redacted>\nthree\n"

@@ -77,6 +77,8 @@ def test_chunks_split_anywhere_and_carriage_returns_end_lines():
 def test_shown_lines_have_the_token_redacted_and_control_sequences_removed():
     clean = Cleaner(["hf_secret123"])
     assert clean("token=hf_secret123 \x1b[31mred\x1b[0m\x1b]0;title\x07 bell\x07") == "token=<redacted> red bell"
+    # control characters inside the token are stripped first, so they cannot hide it
+    assert clean("a hf_sec\x1b[1mret123 b hf_secret\x00123 c") == "a <redacted> b <redacted> c"
 
 
 class Clock:
