@@ -96,7 +96,11 @@ def in_bucket(path: str, target: Slice) -> str:
 
 
 def _tool(path: str) -> str:
-    return f"{TOOLS_DIR}/{path.rsplit('/', 1)[-1]}"
+    """A tpu-rl tool the job names by its VM path, where the pods mount it (only TOOLS are there)."""
+    name = path.rsplit("/", 1)[-1]
+    if name not in TOOLS:
+        raise UserError(f"{path}: the gke backend mounts only tpu-rl's own tools ({', '.join(TOOLS)}) in its pods")
+    return f"{TOOLS_DIR}/{name}"
 
 
 def command(job: RenderedJob) -> list[str]:

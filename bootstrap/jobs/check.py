@@ -10,6 +10,7 @@ schedule that cannot train the run (schedule.py).
 from __future__ import annotations
 
 import difflib
+import math
 
 from .. import secrets
 from ..errors import Problem
@@ -42,9 +43,11 @@ def _type_error(value: str, desc: dict) -> str | None:
     for name, parse in (("int", int), ("float", float)):
         if kind == name:
             try:
-                parse(value)
+                number = parse(value)
             except ValueError:
                 return f"{value!r} is not {'an integer' if name == 'int' else 'a number'}"
+            if not math.isfinite(number):
+                return f"{value!r} is not a finite number"
     return None
 
 
@@ -102,8 +105,8 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
         elif error := _type_error(value, fields[key]):
             problems.append(where.problem(f"args.{key}", error))
     problems += _check_model_keys(args, origin)
-    if not problems and (planned := schedule.of(module, args)):
-        problems += [origin("args", schedule.KEY).problem(f"args.{schedule.KEY}", p) for p in planned.problems()]
+    if not problems:  # the run's length and learning rates, once every value is a number MaxText takes
+        problems += [origin("args", key).problem(f"args.{key}", why) for key, why in schedule.problems(module, args)]
     allowed = facts["modules"][module]["flags"]
     for flag in flags:
         if flag not in allowed:

@@ -271,24 +271,26 @@ def provided_values(spec: PipelineSpec) -> dict[str, str]:
 TRAIN_STEPS = "train_steps"  # an RL trainer's own step count, from its resolved arguments
 
 
-def _job_values(job: Job, values: dict[str, str]) -> dict[str, str]:
+def _job_values(job: Job, values: dict[str, str], problems: list[Problem]) -> dict[str, str]:
     """The shared values, plus ${train_steps} in an RL trainer's files: the updates MaxText will run
-    (num_batches x rl.num_iterations x train_fraction x num_epoch), so that a schedule sized with it
-    stays right when any of those changes."""
+    (num_batches x rl.num_iterations x train_fraction x num_epoch), for its progress bar."""
     if job.spec.module != schedule.RL_TRAINER:
         return values
     reference = f"${{{TRAIN_STEPS}}}"
+    for key, _ in schedule.STEP_KEYS:
+        if reference in job.spec.args.get(key, ""):
+            problems.append(job.origin("args", key).problem(f"args.{key}", f"{reference} is counted from {key}"))
     args = {
         k: substitute(v, values.__getitem__, job.origin("args", k), f"args.{k}", [], values)
         for k, v in job.spec.args.items()
         if reference not in v
     }
-    steps = schedule.train_steps(args)  # None: an argument is not a number, which the key check reports
-    return {**values, TRAIN_STEPS: str(steps or 0)}
+    steps = schedule.train_steps(args)  # None, or out of range: the MaxText key check says why
+    return {**values, TRAIN_STEPS: str(steps if steps and 0 < steps <= schedule.MAX_STEPS else 0)}
 
 
 def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> None:
-    values = _job_values(job, values)
+    values = _job_values(job, values, problems)
 
     def sub(text: str, *path: str) -> str:
         return substitute(text, values.__getitem__, job.origin(*path), ".".join(path), problems, values)

@@ -2,11 +2,13 @@
 
 train_rl builds warmup + cosine decay to 0 (utils_rl.get_optimizer, optax's
 warmup_cosine_decay_schedule) over `learning_rate_schedule_steps`, or over the run's own
-length when that is not positive. MaxText 0.2.3 rewrites an unset (-1) value to `steps`
-(base.yml's 150001) before the trainer sees it, so a 50-step run warms up over 15,000 steps
-and never gets above 0.33% of its learning rate; 0.2.4 fixed that (-1 means the run's
-length). This module replays that arithmetic so that `fab plan` can show the schedule and
-a schedule that cannot train is refused before anything is spent.
+length (num_batches x rl.num_iterations x train_fraction x num_epoch) when that is not
+positive. MaxText 0.2.3 rewrites an unset (-1) value to `steps` (base.yml's 150001) before
+the trainer sees it, so a 50-step run warms up over 15,000 steps and never gets above 0.33%
+of its learning rate. 0.2.4 takes a length equal to `steps` for "unset" and uses the run's
+length. `0` means the run's length in both. This module replays that arithmetic so that
+`fab plan` can show the schedule and a schedule that cannot train is refused before anything
+is spent.
 """
 
 from __future__ import annotations
@@ -18,33 +20,30 @@ from . import schema
 
 RL_TRAINER = "maxtext.trainers.post_train.rl.train_rl"
 KEY = "learning_rate_schedule_steps"
-FIX = f"set {KEY}: ${{train_steps}} (the run's length, as jobs/train.yaml ships it)"
+FIX = f"set {KEY}: 0 (MaxText then sizes the schedule to the run, as jobs/train.yaml ships it)"
 LOWEST_PEAK_FRACTION = 0.5  # a run whose highest learning rate stays below this share of the peak is refused
-FIXED_IN = (0, 2, 4)  # from this MaxText version on, an unset schedule length means the run's length
+MAX_STEPS = 10**9
+FIXED_IN = (0, 2, 4)  # from this MaxText version on, a length equal to `steps` also means the run's length
+STEP_KEYS = (("num_batches", int), ("rl.num_iterations", int), ("train_fraction", float), ("num_epoch", int))
 
 
 def _value(args: dict[str, str], module: str, key: str, kind: type) -> int | float | None:
-    """`key` as MaxText reads it: the job's argument, else the module's default; None if unparsable."""
+    """`key` as MaxText reads it: the job's argument, else the module's default; None if not a finite number."""
     raw = args.get(key, schema.defaults(module).get(key))
     try:
-        return kind(raw)
+        value = kind(raw)
     except (TypeError, ValueError, OverflowError):
         return None
+    return value if math.isfinite(value) else None
 
 
 def train_steps(args: dict[str, str], module: str = RL_TRAINER) -> int | None:
-    """The run's optimizer steps, as train_rl.get_max_train_steps counts them
-    (num_batches x rl.num_iterations x train_fraction x num_epoch); None if an argument is not a number."""
-    parts = [_value(args, module, key, kind) for key, kind in _STEP_KEYS]
+    """The run's optimizer steps, as train_rl.get_max_train_steps counts them; None if an argument is not a number."""
+    parts = [_value(args, module, key, kind) for key, kind in STEP_KEYS]
     if any(part is None for part in parts):
         return None
-    try:
-        return int(math.prod(parts))
-    except OverflowError:
-        return None
-
-
-_STEP_KEYS = (("num_batches", int), ("rl.num_iterations", int), ("train_fraction", float), ("num_epoch", int))
+    product = math.prod(parts)
+    return int(product) if math.isfinite(product) else None
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class Schedule:
     schedule_steps: int  # the length the warmup and the cosine decay are sized to
     warmup_steps: int
     peak: float  # learning_rate
-    from_unset: bool  # schedule_steps came from MaxText 0.2.3 rewriting an unset (-1) value to `steps`
+    from_unset: bool  # schedule_steps came from MaxText rewriting an unset (-1) value to `steps`
 
     def rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based, as tunix counts and logs it): the schedule at
@@ -83,12 +82,17 @@ class Schedule:
             f"highest {self.highest:.2g}, last step {self.rate(self.train_steps):.2g}"
         )
 
-    def problems(self) -> list[str]:
-        """Why this schedule cannot train the run, with the numbers and the fix; empty if it can."""
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, why) for each reason this schedule cannot train the run, with the numbers and the fix."""
+        if self.peak <= 0:
+            return [("learning_rate", f"{self.peak:g}: a run with no positive learning rate changes nothing")]
         if self.schedule_steps <= self.warmup_steps:
             return [
-                f"the warmup ({self.warmup_steps} steps) fills the whole schedule ({self.schedule_steps} steps), "
-                "and MaxText fails to build the optimizer; lower warmup_steps_fraction below 1"
+                (
+                    "warmup_steps_fraction",
+                    f"the warmup ({self.warmup_steps} steps) fills the whole schedule ({self.schedule_steps} steps), "
+                    "and MaxText fails to build the optimizer; keep warmup_steps_fraction below 1",
+                )
             ]
         sized = (
             f"unset (-1), which MaxText {'.'.join(map(str, schema.version()))} turns into steps={self.schedule_steps}"
@@ -97,32 +101,53 @@ class Schedule:
         )
         if self.highest < LOWEST_PEAK_FRACTION * self.peak:
             return [
-                f"{sized}, but the run has {self.train_steps} steps: the warmup lasts {self.warmup_steps} steps, so "
-                f"the highest learning rate is {self.highest:.2g}, {100 * self.highest / self.peak:.2g}% of "
-                f"learning_rate {self.peak:.2g}, and the run returns the model nearly unchanged; {FIX}"
+                (
+                    KEY,
+                    f"{sized}, but the run has {self.train_steps} steps: the warmup lasts {self.warmup_steps} steps, "
+                    f"so the highest learning rate is {self.highest:.2g}, {100 * self.highest / self.peak:.2g}% of "
+                    f"learning_rate {self.peak:.2g}, and the run returns the model nearly unchanged; {FIX}",
+                )
             ]
         if self.schedule_steps < self.train_steps:
             return [
-                f"{sized}, shorter than the run's {self.train_steps} steps: the learning rate is 0 after step "
-                f"{self.schedule_steps + 1}, so the rest of the run trains nothing; {FIX}"
+                (
+                    KEY,
+                    f"{sized}, shorter than the run's {self.train_steps} steps: the learning rate is 0 from step "
+                    f"{self.schedule_steps + 1} on, so the rest of the run trains nothing; {FIX}",
+                )
             ]
         return []
 
 
 def of(module: str | None, args: dict[str, str]) -> Schedule | None:
-    """The schedule an RL training job will use; None for other modules or arguments that are not numbers."""
+    """The schedule an RL training job will use; None for other modules, arguments that are not numbers,
+    or a run without steps (see `problems`)."""
     if module != RL_TRAINER:
         return None
     steps = train_steps(args, module)
     length = _value(args, module, KEY, int)
-    default_steps = _value(args, module, "steps", int)
+    config_steps = _value(args, module, "steps", int)
     peak = _value(args, module, "learning_rate", float)
     fraction = _value(args, module, "warmup_steps_fraction", float)
-    if None in (steps, length, default_steps, peak, fraction) or steps <= 0:
+    if None in (steps, length, config_steps, peak, fraction) or not 0 < steps <= MAX_STEPS:
         return None
-    from_unset = length == -1 and schema.version() < FIXED_IN
-    if from_unset:
-        length = default_steps  # configs/types.py: learning_rate_schedule_steps = steps
-    if length <= 0:
-        length = steps  # utils_rl.get_optimizer: the run's own length
-    return Schedule(steps, length, int(fraction * length), peak, from_unset)
+    unset = length == -1
+    if unset:
+        length = config_steps  # configs/types.py: learning_rate_schedule_steps = steps
+    if length <= 0 or (schema.version() >= FIXED_IN and length == config_steps):
+        length, unset = steps, False  # utils_rl.get_optimizer: the run's own length
+    return Schedule(steps, length, int(fraction * length), peak, unset)
+
+
+def problems(module: str | None, args: dict[str, str]) -> list[tuple[str, str]]:
+    """(key, why) for an RL training job that cannot train: no steps, too many, or its schedule."""
+    if module != RL_TRAINER:
+        return []
+    steps = train_steps(args, module)
+    if steps is not None and not 0 < steps <= MAX_STEPS:
+        values = {key: _value(args, module, key, kind) for key, kind in STEP_KEYS}
+        culprit = next((key for key, value in values.items() if value <= 0), "num_batches")
+        counted = " x ".join(f"{key} {args.get(key, schema.defaults(module).get(key))}" for key in values)
+        return [(culprit, f"the run would have {steps} training steps ({counted}); give it 1 to {MAX_STEPS}")]
+    planned = of(module, args)
+    return planned.problems() if planned else []

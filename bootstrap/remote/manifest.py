@@ -38,10 +38,16 @@ def check_name(name: str) -> str:
 
 
 def files_of(folder: str) -> list[str]:
-    """Every file below `folder` except the manifest itself and hidden folders (e.g. .cache)."""
+    """Every file below `folder` except the manifest itself and hidden folders (e.g. .cache).
+
+    A link is an error: a link to a file would list (and ship) whatever it points to, the token file
+    say, and a link to a folder would be skipped without a word."""
     found = []
     for root, dirs, names in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names) + dirs:
+            if os.path.islink(os.path.join(root, name)):
+                raise ValueError(f"{os.path.join(root, name)} is a link; an export holds plain files only")
         found += [os.path.relpath(os.path.join(root, n), folder) for n in sorted(names)]
     return [name for name in found if name != NAME]
 
@@ -82,7 +88,11 @@ def write(folder: str) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    digests = write(argv[0])
+    try:
+        digests = write(argv[0])
+    except ValueError as err:
+        print(f"[tpu-rl] {NAME}: {err}", file=sys.stderr, flush=True)
+        return 1
     print(f"[tpu-rl] {NAME}: SHA-256 of {len(digests)} files in {argv[0]}", flush=True)
     return 0
 

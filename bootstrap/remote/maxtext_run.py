@@ -8,13 +8,17 @@ terminates the idle workers, one of which holds the pool's queue lock, and multi
 own finalizer then waits for that lock forever. train_rl logs "RL Training Completed
 Successfully!" and never exits, so its job never ends. This closes the pool the graceful way
 (close + join: each worker takes its stop sentinel and exits) once the module returns, and
-otherwise changes nothing: same __main__, same sys.argv[0], same exit status. Stdlib only.
+otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
+failure with the pool open, the process ends at once with the module's status. Stdlib only.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import runpy
 import sys
+import traceback
 
 GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
 
@@ -35,11 +39,36 @@ def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit(__doc__.splitlines()[2].strip())
     module, sys.argv = argv[0], [argv[0], *argv[1:]]
+    sys.path[0] = os.getcwd()  # what `python -m` puts first, not this script's folder
+    if importlib.util.find_spec(module) is None:
+        raise SystemExit(f"{sys.executable}: No module named {module}")
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        if exit_.code not in (None, 0) and _pool_open():
+            _exit_now(exit_.code)
+        raise
+    except BaseException:
+        if _pool_open():
+            traceback.print_exc()
+            _exit_now(1)
+        raise
     finally:
         if close_grader_pool():
             print(f"[tpu-rl] closed MaxText's math_verify grader pool so that {module} can exit", file=sys.stderr)
+
+
+def _pool_open() -> bool:
+    return getattr(sys.modules.get(GRADER_POOL), "_POOL", None) is not None
+
+
+def _exit_now(code) -> None:
+    """After a failure the pool's workers may be gone with tasks queued, and joining them would hang like
+    MaxText's own exit: end the process now, with the module's status (its outputs do not count anyway)."""
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    sys.stdout.flush(), sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,9 @@ def read_events(folder: Path) -> Series:
                 value = tensor_util.make_ndarray(event.tensor_proto)
                 if value.size == 1:
                     series.setdefault(tag, {})[event.step] = float(value.reshape(-1)[0])
-    if LEARNING_RATE in series:
-        values = series[LEARNING_RATE]
-        series[LEARNING_RATE] = {step + 1: value for step, value in values.items() if step < max(values)}
+    if values := series.get(LEARNING_RATE):
+        last = max(values)
+        series[LEARNING_RATE] = {step + 1: value for step, value in values.items() if step < last}
     return {
         tag: {step + tag.startswith(ONE_STEP_BEHIND): value for step, value in values.items()}
         for tag, values in series.items()

@@ -31,7 +31,6 @@ from ..remote.jobrunner import JobState, Layout
 from .output import Cleaner, lines
 
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
-MAX_MANIFEST_BYTES = 1 << 20
 TOOLS = (
     "jobrunner.py",
     "maxtext_check.py",
@@ -401,13 +400,19 @@ class Vm:
         with self._io():
             try:
                 with sftp.open(self._sftp_path(f"{directory}/{manifest.NAME}")) as f:
-                    text = f.read(MAX_MANIFEST_BYTES).decode("utf-8", "replace")
+                    text = f.read().decode("utf-8", "replace")  # all of it: a cut list would verify a part
             except FileNotFoundError:
                 raise UserError(f"{where}: not found; the export is not finished (run fab export)") from None
         try:
             digests = manifest.parse(text)
         except ValueError as err:
             raise UserError(f"{where}: {err}; refused, nothing written to {local}") from None
+        kept = local / manifest.NAME
+        if _no_link(kept, where).exists() and kept.read_text(errors="replace") != text:
+            raise UserError(
+                f"{local} holds another export (its {manifest.NAME} differs from {where}); "
+                "download into an empty folder, or remove that one first"
+            )
         targets = {name: _inside(local, name, where) for name in digests}
         sizes = {}
         for name, digest in sorted(digests.items()):
@@ -425,7 +430,7 @@ class Vm:
     def _fetch(self, sftp: paramiko.SFTPClient, remote: str, target: Path) -> None:
         """One file, under a .part name renamed only when complete."""
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(target.name + ".part")
+        partial = _no_link(target.with_name(target.name + ".part"), f"{self.name}:{remote}")
         with self._io():
             try:
                 sftp.get(self._sftp_path(remote), str(partial))
@@ -446,4 +451,11 @@ def _inside(local: Path, name: str, source: str) -> Path:
     target = local / name
     if not target.resolve().is_relative_to(local.resolve()):
         raise UserError(f"{source}: {name!r} would land outside {local} (through a link); refused")
-    return target
+    return _no_link(target, source)
+
+
+def _no_link(path: Path, source: str) -> Path:
+    """A file that download writes or replaces: never through a link someone left there."""
+    if path.is_symlink():
+        raise UserError(f"{source}: {path} is a link; fab download writes plain files only: remove it")
+    return path

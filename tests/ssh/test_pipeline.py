@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 
-from tests.loopback import Fab
+from tests.loopback import REPO, Fab
 
 
 def current_run(fab: Fab) -> str:
@@ -150,3 +151,47 @@ def test_download_refuses_names_that_leave_dest(fab: Fab):
         assert result.returncode == 2
         assert f"{hostile!r} is not a plain relative file name; refused, nothing written to {dest}" in result.stderr
         assert not dest.exists() and not (fab.tmp / "dest" / "escaped").exists()
+
+
+def test_download_never_mixes_exports_nor_writes_through_links(fab: Fab, tmp_path):
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / current_run(fab)
+    dest = tmp_path / "model"
+    dest.mkdir()
+    (dest / "SHA256SUMS").write_text(f"{'2' * 64}  model.safetensors\n")  # another run's export is here
+    mixed = fab("download", "--dest", str(dest))
+    assert mixed.returncode == 2 and "holds another export" in mixed.stderr
+    assert sorted(p.name for p in dest.iterdir()) == ["SHA256SUMS"]
+    (dest / "SHA256SUMS").unlink()
+    outside = tmp_path / "outside"
+    (dest / "config.json.part").symlink_to(outside)  # left there by someone else
+    linked = fab("download", "--dest", str(dest))
+    assert linked.returncode == 2 and "config.json.part is a link" in linked.stderr
+    assert not outside.exists()
+    (dest / "config.json.part").unlink()
+    (dest / "SHA256SUMS").symlink_to(outside)
+    assert fab("download", "--dest", str(dest)).returncode == 2 and not outside.exists()
+    (dest / "SHA256SUMS").unlink()
+    assert fab("download", "--dest", str(dest)).returncode == 0
+    assert (dest / "SHA256SUMS").read_text() == (remote / "SHA256SUMS").read_text()
+
+
+def test_a_manifest_over_a_mebibyte_is_read_whole(fab: Fab, tmp_path):
+    """An export of many files: every one is verified, none is dropped by a cut list."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / current_run(fab)
+    dest = tmp_path / "model"
+    folder = f"{'d' * 250}/{'e' * 250}"
+    for i in range(1300):  # about 1.05 MiB of manifest; the copies here already match, so nothing moves
+        for root in (remote, dest):
+            (root / folder).mkdir(parents=True, exist_ok=True)
+            (root / folder / f"{'f' * 240}{i:05d}").write_text(str(i))
+    for path in remote.iterdir():
+        if path.is_file() and path.name != "SHA256SUMS":
+            (dest / path.name).write_bytes(path.read_bytes())
+    written = subprocess.run([sys.executable, REPO / "bootstrap" / "remote" / "manifest.py", remote], check=True)
+    assert written.returncode == 0 and (remote / "SHA256SUMS").stat().st_size > 1 << 20
+    result = fab("download", "--dest", str(dest))
+    assert result.returncode == 0, result.stderr
+    verified = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=dest, capture_output=True, text=True)
+    assert verified.returncode == 0 and len((dest / "SHA256SUMS").read_text().splitlines()) > 1300

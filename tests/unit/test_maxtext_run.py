@@ -20,7 +20,7 @@ def run(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, LAUNCHER, "entry", *args],
         cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env={"PATH": "/usr/bin:/bin"},  # the module is found in the working folder, as `python -m` finds it
         capture_output=True,
         text=True,
         timeout=120,
@@ -67,3 +67,25 @@ def test_a_pool_left_open_is_closed_and_its_workers_are_gone(tmp_path):
     assert squares == "[4, 9"
     for pid in pids.strip("]\n").split(", "):
         assert not Path(f"/proc/{pid}").exists()  # joined: no worker left behind
+
+
+def test_a_missing_module_is_one_line_as_python_m_says_it(tmp_path):
+    result = subprocess.run([sys.executable, LAUNCHER, "no_such_module"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"{sys.executable}: No module named no_such_module"
+
+
+def test_a_failure_with_the_pool_open_ends_at_once_with_its_status(tmp_path):
+    result = run(
+        tmp_path,
+        """
+        import multiprocessing, sys, types
+        module = types.ModuleType("maxtext.trainers.post_train.rl.math_verify_pool")
+        sys.modules[module.__name__] = module
+        if __name__ == "__main__":
+            module._POOL = multiprocessing.get_context("spawn").Pool(1)
+            raise RuntimeError("training failed")
+        """,
+    )
+    assert result.returncode == 1
+    assert "RuntimeError: training failed" in result.stderr

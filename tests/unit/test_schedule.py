@@ -31,7 +31,7 @@ def fab(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_shipped_job_sizes_the_schedule_to_its_50_steps():
     train = train_job()
-    assert "learning_rate_schedule_steps=50" in train.rendered.argv
+    assert "learning_rate_schedule_steps=0" in train.rendered.argv  # 0: train_rl sizes it to the run itself
     lr = train.lr_schedule
     assert (lr.train_steps, lr.schedule_steps, lr.warmup_steps, lr.peak) == (50, 50, 5, 3e-6)
     assert lr.highest == pytest.approx(3e-6)
@@ -56,7 +56,6 @@ def test_the_reference_schedule_peaks_at_a_third_of_a_percent():
 )
 def test_the_schedule_and_the_progress_bar_follow_the_run_length(overrides, steps):
     train = train_job(overrides)
-    assert f"learning_rate_schedule_steps={steps}" in train.rendered.argv
     assert train.rendered.progress["total_steps"] == steps
     assert train.lr_schedule.train_steps == train.lr_schedule.schedule_steps == steps
 
@@ -68,22 +67,42 @@ def test_an_unsized_schedule_is_refused_naming_the_key_the_numbers_and_the_fix()
     assert message.startswith(f"--arg {UNSIZED}: args.learning_rate_schedule_steps: unset (-1)")
     for fact in ("steps=150001", "the run has 50 steps", "lasts 15000 steps", "9.8e-09", "0.33%", "3e-06"):
         assert fact in message
-    assert "set learning_rate_schedule_steps: ${train_steps}" in message
+    assert "set learning_rate_schedule_steps: 0 (MaxText then sizes the schedule to the run" in message
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["train.learning_rate_schedule_steps=25"], "25 steps, shorter than the run's 50 steps"),
+        (["train.learning_rate_schedule_steps=25"], "schedule_steps: 25 steps, shorter than the run's 50 steps"),
         (["train.learning_rate_schedule_steps=5000"], "the highest learning rate is 2.9e-07"),
-        (["train.warmup_steps_fraction=1.0"], "the warmup (50 steps) fills the whole schedule (50 steps)"),
+        (["train.warmup_steps_fraction=1.0"], "args.warmup_steps_fraction: the warmup (50 steps) fills the whole"),
         (["train.rl.num_iterations=4", "train.learning_rate_schedule_steps=50"], "shorter than the run's 200 steps"),
     ],
 )
 def test_schedules_that_cannot_train_are_refused(overrides, message):
-    with pytest.raises(UserError, match="args.learning_rate_schedule_steps") as raised:
+    with pytest.raises(UserError) as raised:
         check_local(load.read(REPO / "jobs"), overrides)
     assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.num_batches=0", "args.num_batches: the run would have 0 training steps (num_batches 0 x"),
+        ("train.num_epoch=-1", "args.num_epoch: the run would have -50 training steps"),
+        ("train.train_fraction=0.01", "args.num_batches: the run would have 0 training steps"),
+        ("train.num_batches=99999999999", "the run would have 99999999999 training steps"),
+        ("train.train_fraction=nan", "args.train_fraction: 'nan' is not a finite number"),
+        ("train.warmup_steps_fraction=inf", "args.warmup_steps_fraction: 'inf' is not a finite number"),
+        ("train.learning_rate=0", "args.learning_rate: 0: a run with no positive learning rate changes nothing"),
+        ("train.learning_rate=-1e-6", "args.learning_rate: -1e-06: a run with no positive learning rate"),
+        ("train.num_batches=${train_steps}", "args.num_batches: ${train_steps} is counted from num_batches"),
+    ],
+)
+def test_runs_that_cannot_train_are_one_clean_error(override, message):
+    with pytest.raises(UserError) as raised:
+        check_local(load.read(REPO / "jobs"), [override])
+    assert message in str(raised.value) and str(raised.value).count("\n") == 0, str(raised.value)
 
 
 def test_a_longer_schedule_that_still_reaches_the_peak_is_accepted():
@@ -91,11 +110,17 @@ def test_a_longer_schedule_that_still_reaches_the_peak_is_accepted():
     assert train_job(["train.learning_rate_schedule_steps=200"]).lr_schedule.rate(50) > 2e-6
 
 
-def test_from_maxtext_0_2_4_an_unset_schedule_is_the_run_length(monkeypatch):
+def test_from_maxtext_0_2_4_a_length_equal_to_steps_is_the_run_length(monkeypatch):
+    """0.2.4's get_optimizer: -1 (rewritten to steps) and a value equal to steps both mean the run's length."""
     facts = {**schema.schema(), "maxtext_version": "0.2.4"}
     monkeypatch.setattr(schema, "schema", lambda: facts)
-    lr = schedule.of(schedule.RL_TRAINER, {"num_batches": "50"})
-    assert (lr.schedule_steps, lr.warmup_steps, lr.problems()) == (50, 5, [])
+    for length in ("-1", "150001", "0"):
+        lr = schedule.of(schedule.RL_TRAINER, {"num_batches": "50", "learning_rate_schedule_steps": length})
+        assert (lr.schedule_steps, lr.warmup_steps, lr.problems()) == (50, 5, []), length
+    assert (
+        schedule.of(schedule.RL_TRAINER, {"num_batches": "50", "learning_rate_schedule_steps": "60"}).schedule_steps
+        == 60
+    )
 
 
 def test_train_steps_exists_only_for_the_rl_trainer():
