@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import ipaddress
 import json
 import re
@@ -18,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pulumi
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 
 from . import topology
 
@@ -38,6 +41,11 @@ V6E_ZONES = (
 MIN_BOOT_DISK_GB = 100
 MAX_BOOT_DISK_GB = 65_536  # GCE's limit for a persistent disk
 MAX_RUN_DURATION_S = 120 * 24 * 3600  # GCE's limit for maxRunDuration
+FLEX_START_MAX_S = 7 * 24 * 3600  # "Flex-start VMs run uninterrupted for up to seven days" (about-flex-start-vms)
+IMAGE_REFERENCE = re.compile(
+    r"(https://www\.googleapis\.com/compute/(v1|beta)/)?projects/[a-z]([a-z0-9.:-]*[a-z0-9])?"
+    r"/global/images/(family/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+)
 PROVISIONING_MODELS = ("RESERVATION_BOUND", "STANDARD", "SPOT", "FLEX_START")
 SSH_KEY_TYPES = (
     "ssh-ed25519",
@@ -161,7 +169,9 @@ class _Reader:
         return value.strip()
 
     def name(self, key: str, pattern: re.Pattern, rule: str, default: str | None = None, what: str = "a valid name"):
-        value = self.text(key) or default
+        raw, value = self.raw.get(key), self.text(key) or default
+        if isinstance(raw, str) and raw.strip() and raw != raw.strip():  # a pasted newline is not silently dropped
+            fail(key, f"{raw[:80]!r} has white space around it", rule)
         if value is not None and not pattern.fullmatch(value):
             fail(key, f"{value[:80]!r} is not {what}", rule)
         return value
@@ -212,6 +222,10 @@ def check_public_key(key: str, value: str) -> str:
         embedded = None
     if embedded != parts[0]:
         fail(key, "the key data is damaged (its base64 blob does not match its type)", fix)
+    try:
+        serialization.load_ssh_public_key(f"{parts[0]} {parts[1]}".encode())
+    except (ValueError, UnsupportedAlgorithm):
+        fail(key, f"the key data is not a valid {parts[0]} key (truncated or edited?)", fix)
     return value
 
 
@@ -239,7 +253,10 @@ def read(raw: Mapping[str, str | None]) -> Settings:
     """Check every key and build the settings; raise ConfigError naming the first bad key."""
     unknown = [k for k in raw if k.startswith(f"{PROJECT}:") and k not in KEYS]
     if unknown:
-        fail(unknown[0], "unknown key", f"Known keys: {', '.join(k for k in KEYS if k.startswith(PROJECT))}")
+        known = [k for k in KEYS if k.startswith(PROJECT)]
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.8)
+        hint = f"Did you mean {close[0]}? " if close else ""
+        fail(unknown[0], "unknown key", f"{hint}Known keys: {', '.join(known)}")
     r = _Reader(raw)
     t = f"{PROJECT}:"
     gcp_project = r.name("gcp:project", GCP_PROJECT, "A project ID: 6-30 lower-case letters, digits and -")
@@ -270,6 +287,12 @@ def read(raw: Mapping[str, str | None]) -> Settings:
     image = r.text(t + "image") or IMAGE
     if re.search(r"\s", image):
         fail(t + "image", "contains white space", "Use an image URL or family path")
+    if not IMAGE_REFERENCE.fullmatch(image):
+        fail(
+            t + "image",
+            f"{image[:80]!r} is not a Compute Engine image",
+            "Use projects/PROJECT/global/images/NAME or projects/PROJECT/global/images/family/FAMILY (or its URL)",
+        )
     boot_disk_gb = r.integer(t + "bootDiskSizeGb", 1, MAX_BOOT_DISK_GB, 200)
     if boot_disk_gb < MIN_BOOT_DISK_GB:
         fail(
@@ -294,6 +317,12 @@ def read(raw: Mapping[str, str | None]) -> Settings:
             f"Remove it: pulumi config rm {t}reservation",
         )
     max_run = r.integer(t + "maxRunDurationSeconds", 1, MAX_RUN_DURATION_S)
+    if model == "FLEX_START" and max_run and max_run > FLEX_START_MAX_S:
+        fail(
+            t + "maxRunDurationSeconds",
+            f"{max_run} s is more than a flex-start VM may run ({FLEX_START_MAX_S} s, seven days)",
+            f"Use at most {FLEX_START_MAX_S} (https://cloud.google.com/compute/docs/instances/about-flex-start-vms)",
+        )
     if model == "FLEX_START" and not max_run:
         fail(
             t + "maxRunDurationSeconds",
@@ -323,7 +352,7 @@ def read(raw: Mapping[str, str | None]) -> Settings:
         provisioning_model=model,
         reservation=reservation,
         max_run_duration_s=max_run,
-        ssh_user=r.name(t + "sshUser", LINUX_USER, "A Linux user name: lower-case letters, digits, - and _", "tpu-rl"),
+        ssh_user=_ssh_user(r, t),
         ssh_public_key=public_key,
         os_login=os_login,
         ssh_source_ranges=ranges,
@@ -336,6 +365,13 @@ def read(raw: Mapping[str, str | None]) -> Settings:
         v6e_zones=tuple(v6e_zones),
         gke=gke,
     )
+
+
+def _ssh_user(r: _Reader, t: str) -> str:
+    user = r.name(t + "sshUser", LINUX_USER, "A Linux user name: lower-case letters, digits, - and _", "tpu-rl")
+    if user == "root":
+        fail(t + "sshUser", "root may not log in over SSH on the VM image", "Use your own user name (default tpu-rl)")
+    return user
 
 
 def _check_ssh_access(t: str, os_login: bool, public_key: str | None) -> None:

@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import json
-
-import yaml
+import re
 
 from infra import settings
 
 from ..errors import UserError
+from ..jobs import yamlfile
 from ..jobs.spec import PipelineSpec
 from ..paths import REPO
 from .jobsets import Slice
 from .session import target_of
 
+STACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
 
 def stack_config(stack: str) -> dict[str, str]:
-    """The stack's config as `pulumi config` hands it to the program: strings, lists as JSON."""
+    """The stack's config as `pulumi config` hands it to the program: strings, lists as JSON.
+
+    Read with the job files' hardened loader: one line with file and line for a syntax error, a tag,
+    an alias or a duplicate key (which would otherwise win silently)."""
+    if not STACK_NAME.fullmatch(stack) or ".." in stack:
+        raise UserError(f"--stack {stack!r}: not a stack name (letters, digits, '_', '.', '-')")
     path = REPO / f"Pulumi.{stack}.yaml"
     if not path.is_file():
         raise UserError(f"--stack {stack}: no {path.name} in {REPO}")
-    config = (yaml.safe_load(path.read_text()) or {}).get("config") or {}
+    data, lines = yamlfile.load(path)
+    config = data.get("config") or {}
+    if not isinstance(config, dict):
+        raise UserError(f"{path}:{lines.get(('config',), '?')}: config: must be a mapping of keys to values")
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
 
 

@@ -12,6 +12,11 @@ from .plan import PLACEHOLDER_RUN, Plan
 from .schedule import Schedule
 
 
+def _word(text: str) -> str:
+    """One shell word as the shell should see it: quoted, but a leading ~/ left for the shell to expand."""
+    return "~/" + shlex.quote(text[2:]) if text.startswith("~/") and text[2:] else shlex.quote(text)
+
+
 def _run_info(plan: Plan, record: RunRecord | None) -> dict:
     if plan.run_name == PLACEHOLDER_RUN:
         return {"name": None, "new": True, "note": "a new run: its name is generated when fab train starts"}
@@ -65,10 +70,10 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
             f"{number}. {job.name}: {job.description}",
             f"   needs:   {', '.join(planned.needs) or '-'}",
             f"   folder:  {planned.job_dir}{' (shared by runs)' if planned.shared else ''}",
-            "   env:     " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in _env(job).items()) or "-"),
+            "   env:     " + (" ".join(f"{k}={_word(v)}" for k, v in _env(job).items()) or "-"),
             "   argv:    "
-            + " \\\n              ".join([shlex.join(head), *(shlex.quote(a) for a in job.argv[len(head) :])]),
-            *(f"   then:    {shlex.join(a)}" for a in job.after),
+            + " \\\n              ".join([" ".join(map(_word, head)), *map(_word, job.argv[len(head) :])]),
+            *(f"   then:    {' '.join(map(_word, a))}" for a in job.after),
             f"   inputs:  {', '.join(job.inputs) or '-'}",
             f"   outputs: {', '.join(job.outputs)}",
             *([f"   lr:      {planned.lr_schedule.line()}"] if planned.lr_schedule else []),

@@ -102,6 +102,13 @@ class VmSpec(Strict):
     shm_path: Folder = "/dev/shm"
     validate_args: bool = True
 
+    @field_validator("state_dir")
+    @classmethod
+    def _in_home_or_absolute(cls, value: str) -> str:
+        if value.startswith("~"):  # the shell and SFTP would read it as two different folders
+            raise ValueError(f"{value!r}: a relative folder is already in the SSH user's home; write {value[2:]!r}")
+        return value
+
 
 class ResultsSpec(Strict):
     """Durable copies of the export: the Hugging Face Hub and/or the stack's bucket."""

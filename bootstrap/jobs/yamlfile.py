@@ -23,7 +23,7 @@ from ..errors import Problem, UserError
 Lines = dict[tuple[str, ...], int]
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
-CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0 but tab and line ends, DEL, C1
 
 
 def _problem(path: Path, message: str, line: int | None = None) -> UserError:
@@ -71,6 +71,10 @@ def _build(source: Path, node: yaml.Node, path: tuple[str, ...], lines: Lines):
             if not isinstance(key_node, yaml.ScalarNode):
                 raise UserError(Problem(str(source), ".".join(path) or "yaml", "a key must be a plain name", key_line))
             key = key_node.value
+            if CONTROL.search(key):  # never echoed: it could retitle or clear the terminal
+                raise UserError(
+                    Problem(str(source), ".".join(path) or "yaml", "a key holds a control character", key_line)
+                )
             if key in result:
                 raise UserError(Problem(str(source), ".".join((*path, key)), "duplicate key", key_line))
             result[key] = _build(source, value_node, (*path, key), lines)

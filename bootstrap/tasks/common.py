@@ -64,6 +64,7 @@ def open_session(
     if run_name is not None:
         check_run_name(run_name)
     outputs = None if isinstance(c, Connection) else connect.stack_outputs()
+    connect.refuse_several_hosts(c, outputs)
     target = gke.target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
     planned_with = gke.overrides(files, target, overrides) if target else overrides
     sources = secret_sources(pipeline)

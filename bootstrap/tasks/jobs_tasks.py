@@ -9,6 +9,7 @@ import sys
 import yaml
 from fabric import task
 
+from ..errors import UserError
 from ..gke import session as gke
 from ..jobs import load
 from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, validation_args
@@ -16,6 +17,8 @@ from ..jobs.show import plan_dict, plan_text
 from ..paths import REPO, jobs_dir
 from ..results import runs
 from .common import ARG_HELP, RUN_HELP, console, reports_errors
+
+NEW_RUN = "new-run"  # the run name `fab plan --stack` shows before a run exists
 
 
 @task(
@@ -39,8 +42,12 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
         target = slice_of(stack, pipeline.spec)
         if target:
             merged = gke.overrides(files, target, arg or [])
-            manifests = [dict(job.runner_spec) for job in gke.plan(files, merged, name or "new-run", target).jobs]
-            print(json.dumps(manifests, indent=1) if json_ else yaml.safe_dump_all(manifests, sort_keys=False))
+            manifests = [dict(job.runner_spec) for job in gke.plan(files, merged, name or NEW_RUN, target).jobs]
+            if json_:
+                print(json.dumps(manifests, indent=1))
+            else:
+                note = f"# a new run: {NEW_RUN!r} stands for the name fab train gives it\n" if not name else ""
+                print(note + yaml.safe_dump_all(manifests, sort_keys=False))
             return
     built = build(files, arg or [], name or PLACEHOLDER_RUN)
     record = runs.RunRecord.load(name) if name else None
@@ -53,6 +60,7 @@ def check(c, arg=None, python="python3"):
     """Run MaxText's own validator on every job's arguments (needs maxtext, not a TPU)."""
     files = load.read(jobs_dir())
     check_local(files, arg or [])
+    _require_maxtext(python)
     words = validation_args(build(files, arg or [], runs.current_run() or "check").rendered)
     console.print("checking every job with MaxText's own validator (about 10 s to import MaxText) ...")
     script = REPO / "bootstrap" / "remote" / "maxtext_check.py"
@@ -60,3 +68,19 @@ def check(c, arg=None, python="python3"):
     console.print(result.stdout.strip() or result.stderr.strip()[-500:], markup=False, highlight=False)
     if result.returncode != 0:
         sys.exit(2)
+
+
+BUILD_ONE = 'a Python 3.12 with maxtext 0.2.3 is built by: fab check --python "$(python scripts/maxtext_config_env.py)"'
+
+
+def _require_maxtext(python: str) -> None:
+    """The validator's Python can import maxtext (found in milliseconds, before MaxText's 10 s import)."""
+    if not python:
+        raise UserError(f"--python is empty (did the command that should give it fail?); {BUILD_ONE}")
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('maxtext') is None)"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except OSError as err:
+        raise UserError(f"--python {python}: {err.strerror or err}; {BUILD_ONE}") from None
+    if not found:
+        raise UserError(f"--python {python}: cannot import maxtext; {BUILD_ONE}")

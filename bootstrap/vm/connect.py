@@ -63,16 +63,21 @@ def one_host(hosts: list[str]) -> str:
     return hosts[0]
 
 
+def refuse_several_hosts(c: Context, outputs: dict | None) -> None:
+    """Several hosts, from -H or the stack: refused first, before anything needs the network."""
+    hosts = _cli_hosts(sys.argv[1:]) if isinstance(c, Connection) else (outputs or {}).get("hosts") or []
+    if len(hosts) > 1:
+        one_host(hosts)
+
+
 def connection(c: Context, say: Callable[[str], None], outputs: dict | None = None) -> Connection:
     """The Connection to the VM (not yet opened): host keys pinned, connect, banner and auth timeouts.
 
     The stack's VM (from its `outputs`) is pinned from the Compute Engine API; a host given
     with -H must be in ~/.ssh/known_hosts (see hostkeys.py).
     """
+    refuse_several_hosts(c, outputs)
     if isinstance(c, Connection):
-        cli = _cli_hosts(sys.argv[1:])
-        if len(cli) > 1:
-            one_host(cli)
         conn = c
         hostkeys.use_known_hosts(conn.client)
     else:

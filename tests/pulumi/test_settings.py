@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import tracemalloc
@@ -46,6 +47,15 @@ CASES = [
     case(T + "maxRunDurationSeconds", "0", "'0' is not a whole number from 1"),
     case(T + "maxRunDurationSeconds", "1.5", "'1.5' is not a whole number"),
     case(T + "sshUser", "Root User", "'Root User' is not a valid name"),
+    case(T + "sshUser", "root", "root may not log in over SSH"),
+    case(T + "machineType", "ct6e-standard-8t\n", "'ct6e-standard-8t\\n' has white space around it"),
+    case(T + "image", "ubuntu-2204", "'ubuntu-2204' is not a Compute Engine image"),
+    case(T + "image", "projects/my-project/global/images/../x", "is not a Compute Engine image"),
+    case(
+        T + "sshPublicKey",
+        f"ssh-ed25519 {base64.b64encode(base64.b64decode(PUBLIC_KEY.split()[1])[:-4]).decode()} user@laptop",
+        "the key data is not a valid ssh-ed25519 key",
+    ),
     case(T + "sshUser", "x" * 40, "is not a valid name"),
     case(T + "sshPublicKey", PUBLIC_KEY + "\n" + PUBLIC_KEY.replace("user@", "other@"), "holds more than one line"),
     case(T + "sshPublicKey", "not a key", "not an OpenSSH public key"),
@@ -60,7 +70,8 @@ CASES = [
     case(T + "resultsBucket", "Results Bucket", "'Results Bucket' is not a valid name"),
     case(T + "resultsBucket", "ab", "'ab' is not a valid name"),
     case(T + "serviceAccountEmail", "me@example.com", "'me@example.com' is not a valid name"),
-    case(T + "sshSourceRange", ["0.0.0.0/0"], "unknown key"),
+    case(T + "sshSourceRange", ["0.0.0.0/0"], "unknown key. Did you mean tpu-rl:sshSourceRanges?"),
+    case(T + "sshUsr", "me", "unknown key. Did you mean tpu-rl:sshUser?"),
 ]
 
 
@@ -79,6 +90,23 @@ def test_bad_value_is_one_line_naming_the_key(changes, key, expect):
     assert message.startswith(f"{key}: ") and expect in message, message
     assert "\n" not in message
     assert cpu < 2 and peak < 10 << 20
+
+
+def test_a_flex_start_vm_runs_seven_days_at_most():
+    flex = {**raw(), T + "provisioningModel": "FLEX_START"}
+    flex.pop(T + "reservation", None)
+    assert read({**flex, T + "maxRunDurationSeconds": str(7 * 24 * 3600)}).max_run_duration_s == 604800
+    with pytest.raises(ConfigError, match="604801 s is more than a flex-start VM may run"):
+        read({**flex, T + "maxRunDurationSeconds": "604801"})
+
+
+def test_image_references_compute_engine_takes():
+    for image in (
+        "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accel-2204-amd64-tpu-v5e-v5p-v6e",
+        "projects/my-project/global/images/my-image-1",
+        "https://www.googleapis.com/compute/v1/projects/my-project/global/images/my-image-1",
+    ):
+        assert read({**raw(), T + "image": image}).image == image
 
 
 @pytest.mark.parametrize(

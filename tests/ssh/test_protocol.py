@@ -199,6 +199,11 @@ def test_several_hosts_are_refused_with_a_pointer_to_gke(fab: Fab):
     assert "the SSH backend drives one VM, but 2 hosts were given" in result.stderr
     assert "Pathways on GKE" in result.stderr
     assert not (fab.tmp / "state").exists()
+    offline = {**fab.env(), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}  # no network: still the real mistake
+    command = [fab.command()[0], "-r", str(REPO), "-H", f"{fab.host.target},other@127.0.0.1:1", "train"]
+    train = subprocess.run(command, env=offline, capture_output=True, text=True, timeout=120)
+    assert train.returncode == 2 and "drives one VM, but 2 hosts were given" in train.stderr, train.stderr
+    assert "checking the Hugging Face token" not in train.stdout and "Hub" not in train.stderr
 
 
 def test_a_closed_pipe_ends_quietly(fab: Fab):

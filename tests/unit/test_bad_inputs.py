@@ -9,6 +9,7 @@ so an input that blows up memory fails the case instead of the machine).
 from __future__ import annotations
 
 import os
+import re
 import resource
 import shutil
 import socket
@@ -100,6 +101,18 @@ YAML_CASES = [
         "ESC in a value", "args.run_name: contains a control character", "train.yaml", put("args.run_name", '"\\e[2J"')
     ),
     Case(
+        "C1 control in a value",
+        "args.run_name: contains a control character",
+        "train.yaml",
+        put("args.run_name", '"\\x9b2J"'),
+    ),
+    Case(
+        "control sequence in a key",  # an OSC title and a screen clear: refused without echoing the key
+        "yaml: a key holds a control character",
+        "train.yaml",
+        lambda b: b + b'"x\\e]0;pwned\\a\\e[2Jy": 1\n',
+    ),
+    Case(
         "duplicate key",
         "convert.yaml:4: needs: duplicate key",
         "convert.yaml",
@@ -156,6 +169,12 @@ YAML_CASES = [
         "state_dir ..", "vm.state_dir: '../etc' is not a plain folder", "pipeline.yaml", put("vm.state_dir", "../etc")
     ),
     Case("state_dir root", "vm.state_dir: '/' is not a plain folder", "pipeline.yaml", put("vm.state_dir", "/")),
+    Case(
+        "state_dir in ~",  # the shell would make $HOME/~/x while SFTP writes $HOME/x
+        "vm.state_dir: '~/x': a relative folder is already in the SSH user's home; write 'x'",
+        "pipeline.yaml",
+        put("vm.state_dir", "~/x"),
+    ),
     Case("state_dir shell", "vm.state_dir:", "pipeline.yaml", put("vm.state_dir", '"$(touch /tmp/x)"')),
     Case("venv shell", "environment.venv:", "pipeline.yaml", put("environment.venv", '"a b;rm -rf ~"')),
     Case("python version", "environment.python:", "pipeline.yaml", put("environment.python", '"3.12; id"')),
@@ -250,6 +269,7 @@ def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
     assert process.returncode == 2, (stdout, stderr)
     assert case.expect in stderr, stderr
     assert "Traceback" not in stdout + stderr
+    assert not re.search(r"[\x1b\x07\x9b]", stderr), "a control character reached the terminal"
     lines = stderr.strip().splitlines()
     assert all(line.startswith("error: ") for line in lines) and len(lines) <= 3, stderr
     assert not contacted(listener), "contacted the VM or the Hub before refusing"

@@ -202,6 +202,7 @@ def test_fab_plan_json_on_a_gke_stack_config(tmp_path):
     fab = str(Path(sys.executable).with_name("fab"))
     try:
         shown = subprocess.run([fab, "plan", "--json", "--stack", "gke-test"], env=env, capture_output=True, text=True)
+        as_yaml = subprocess.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
         pipeline.write_text(pipeline.read_text().replace(f"  image: {IMAGE}", '  image: ""'))
         no_image = subprocess.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
     finally:
@@ -211,3 +212,40 @@ def test_fab_plan_json_on_a_gke_stack_config(tmp_path):
     workers = train["spec"]["replicatedJobs"][1]["template"]["spec"]
     assert workers["completions"] == xpk.system("v6e-16").vms_per_slice == 4
     assert no_image.returncode == 2 and "gke.image: missing" in no_image.stderr
+    assert as_yaml.stdout.startswith("# a new run: 'new-run' stands for the name fab train gives it\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("config: [\n", ".yaml:2: yaml: not valid YAML"),
+        ('config: !!python/object/apply:os.system ["true"]\n', ".yaml:1: config: must be a mapping"),
+        ("- a\n- b\n", ".yaml:1: yaml: must be a mapping of keys to values"),
+        ("config:\n  tpu-rl:backend: gke\n  tpu-rl:backend: vm\n", ".yaml:3: config.tpu-rl:backend: duplicate key"),
+    ],
+)
+def test_a_broken_stack_file_is_one_line_with_its_line(tmp_path, text, message):
+    name = f"broken-{tmp_path.name}"
+    stack = REPO / f"Pulumi.{name}.yaml"
+    stack.write_text(text)
+    env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}
+    try:
+        result = subprocess.run(
+            [str(Path(sys.executable).with_name("fab")), "plan", "--stack", name],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        stack.unlink()
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"Pulumi.{name}{message}" in result.stderr
+
+
+def test_a_stack_name_that_is_a_path_is_refused():
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan", "--stack", "../etc"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "--stack '../etc': not a stack name" in result.stderr

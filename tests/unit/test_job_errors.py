@@ -199,3 +199,18 @@ def test_the_token_in_a_job_is_refused_without_repeating_it(tmp_path, override, 
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("error:") == 1 and message in result.stderr, result.stderr
     assert token not in result.stderr
+
+
+@pytest.mark.parametrize("python", ["/nonexistent/python", "", "/etc/passwd", sys.executable])
+def test_fab_check_with_a_python_that_cannot_validate_is_one_line(python):
+    result = fab("check", "--python", python)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "scripts/maxtext_config_env.py" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_fab_plan_prints_commands_a_shell_runs_as_shown(tmp_path):
+    """~/ stays where the shell expands it; everything else is quoted as the shell needs."""
+    env = {**os.environ, "TPU_RL_RUNS": str(tmp_path)}
+    text = fab("plan", env=env).stdout
+    assert "   argv:    ~/maxtext_venv/bin/python3 -m maxtext.checkpoint_conversion.to_maxtext \\" in text
+    assert "HF_HOME=~/.cache/huggingface " in text and "'~/" not in text
