@@ -54,6 +54,8 @@ DONE = "done"  # written only after the outputs were verified
 LOG = "log"
 RUNNER_ERR = "runner.err"  # the runner's own stderr: shown when it fails to start
 REDACTED = b"<redacted>"  # what a secret becomes in any output (bootstrap/secrets.py uses it too)
+# Zero or more terminal control sequences or control characters (line ends included), between two bytes.
+CONTROL_BYTES = rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]|[\x00-\x08\x0a-\x1f\x7f])*"
 
 
 class JobState(str, enum.Enum):
@@ -351,8 +353,13 @@ class Redactor:
         for name in names:
             with open(os.path.join(folder, name), "rb") as f:
                 values.append(f.read().strip())
-        self.secrets = [value for value in values if value]
-        self.keep = max((len(value) for value in self.secrets), default=1) - 1
+        # Control sequences and line ends may sit between a secret's characters (a job that colours or
+        # rewrites its output): still the secret, so the pattern lets them through.
+        self.patterns = [
+            CONTROL_BYTES.join(re.escape(value[i : i + 1]) for i in range(len(value))) for value in values if value
+        ]
+        self.patterns = [re.compile(pattern) for pattern in self.patterns]
+        self.keep = 4 * max((len(value) for value in values if value), default=0)
         self.pending = b""
 
     @classmethod
@@ -367,8 +374,8 @@ class Redactor:
     def feed(self, data: bytes) -> bytes:
         """What of the stream so far can be shown (all of it once `data` is b"": the end)."""
         text = self.pending + data
-        for value in self.secrets:
-            text = text.replace(value, REDACTED)
+        for pattern in self.patterns:
+            text = pattern.sub(REDACTED, text)
         cut = max(0, len(text) - self.keep) if data else len(text)
         self.pending = text[cut:]
         return text[:cut]
