@@ -82,32 +82,53 @@ def kubeconfig(cluster: gcp.container.Cluster) -> pulumi.Output[str]:
     return pulumi.Output.all(cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate).apply(render)
 
 
-def queue_objects(settings: Settings, opts: pulumi.ResourceOptions) -> None:
-    """XPK's Kueue objects (templates/kueue_config.yaml.j2): a flavor for the slice, its queues."""
+KUEUE_API = "kueue.x-k8s.io/v1beta2"  # Kueue v0.17.1's storage version (v1beta1 is deprecated there)
+CPU_FLAVOR = "cpu-user"  # XPK's flavor for a Pathways cluster's CPU pool (core/kueue_manager.py)
+CPU_QUOTA = {"cpu": 480, "memory": "2000G"}  # XPK's nominal quota for it
+
+
+def kueue_objects(settings: Settings) -> dict[str, dict]:
+    """XPK's Kueue objects for a Pathways cluster (templates/kueue_config.yaml.j2, core/kueue_manager.py):
+    a flavor for the slice's TPUs, the cpu-user flavor for the Pathways head on cpu-np (Kueue admits a
+    workload only if every resource it requests is covered), the ClusterQueue and the LocalQueue."""
     gke = settings.gke
     flavor = f"{gke.nodes}x{GKE_ACCELERATOR}-{gke.topology}"
     labels = {
         "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR,
         "cloud.google.com/gke-tpu-topology": gke.topology,
     }
-    quota = {"name": flavor, "resources": [{"name": "google.com/tpu", "nominalQuota": gke.chips}]}
-    objects = (
-        ("flavor", "ResourceFlavor", {"name": flavor}, {"nodeLabels": labels}),
-        (
-            "cluster-queue",
-            "ClusterQueue",
-            {"name": CLUSTER_QUEUE},
-            {
-                "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "LowerPriority"},
-                "namespaceSelector": {},
-                "resourceGroups": [{"coveredResources": ["google.com/tpu"], "flavors": [quota]}],
-            },
-        ),
-        ("local-queue", "LocalQueue", {"name": LOCAL_QUEUE, "namespace": NAMESPACE}, {"clusterQueue": CLUSTER_QUEUE}),
-    )
-    for name, kind, metadata, spec in objects:
+    tpu_quota = {"name": flavor, "resources": [{"name": "google.com/tpu", "nominalQuota": gke.chips}]}
+    cpu_quota = {"name": CPU_FLAVOR, "resources": [{"name": k, "nominalQuota": v} for k, v in CPU_QUOTA.items()]}
+    queue = {
+        "preemption": {"reclaimWithinCohort": "Never", "withinClusterQueue": "LowerPriority"},
+        "namespaceSelector": {},
+        "resourceGroups": [
+            {"coveredResources": ["google.com/tpu"], "flavors": [tpu_quota]},
+            {"coveredResources": list(CPU_QUOTA), "flavors": [cpu_quota]},
+        ],
+    }
+    cpu_labels = {"cloud.google.com/gke-nodepool": CPU_POOL}
+    return {  # by Pulumi resource name (the first, third and fourth kept from earlier versions)
+        "flavor": {"kind": "ResourceFlavor", "metadata": {"name": flavor}, "spec": {"nodeLabels": labels}},
+        "cpu-flavor": {"kind": "ResourceFlavor", "metadata": {"name": CPU_FLAVOR}, "spec": {"nodeLabels": cpu_labels}},
+        "cluster-queue": {"kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE}, "spec": queue},
+        "local-queue": {
+            "kind": "LocalQueue",
+            "metadata": {"name": LOCAL_QUEUE, "namespace": NAMESPACE},
+            "spec": {"clusterQueue": CLUSTER_QUEUE},
+        },
+    }
+
+
+def queue_objects(settings: Settings, opts: pulumi.ResourceOptions) -> None:
+    for name, manifest in kueue_objects(settings).items():
         k8s.apiextensions.CustomResource(
-            name, api_version="kueue.x-k8s.io/v1beta1", kind=kind, metadata=metadata, spec=spec, opts=opts
+            name,
+            api_version=KUEUE_API,
+            kind=manifest["kind"],
+            metadata=manifest["metadata"],
+            spec=manifest["spec"],
+            opts=opts,
         )
 
 

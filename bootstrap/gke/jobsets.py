@@ -11,6 +11,7 @@ container from the Kubernetes Secret `SECRET`, never from the manifest or an arg
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py")
 TOOLS_DIR = "/tpu-rl/tools"
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
 OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
+RUN_ANNOTATION = "tpu-rl/run"  # the run's own name (the JobSet's name holds only part of it)
 CPU_POOL = "cpu-np"
 NAMESPACE = "tpu-rl"
 QUEUE = "multislice-queue"
@@ -85,9 +87,20 @@ def _field(name: str, path: str) -> dict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+# JobSet v0.10.1 labels every child Job and pod `jobset.sigs.k8s.io/coordinator:
+# <jobset>-<replicatedJob>-<jobIndex>-<podIndex>.<subdomain>` (pkg/controllers/jobset_controller.go), and with
+# network.subdomain unset the subdomain is the JobSet's own name: a label value holds 63 characters at most.
+LABEL_MAX = 63
+NAME_MAX = (LABEL_MAX - len("-pathways-head-0-0.")) // 2  # 22
+
+
 def name_of(job: str, run_name: str) -> str:
-    """A DNS-1123 name for the job of this run (JobSet names end up in pod host names)."""
-    return re.sub(r"[^a-z0-9-]", "-", f"{job}-{run_name}".lower())[:40].strip("-")
+    """The JobSet of this job and run: a DNS-1123 label of at most NAME_MAX characters, unique to both (a
+    hash of the exact job and run names), so that no two runs share one and every name JobSet derives
+    from it (coordinator label, headless Service, pod names) stays within Kubernetes' limits."""
+    digest = hashlib.sha256(f"{job}\0{run_name}".encode()).hexdigest()[:6]
+    readable = re.sub(r"[^a-z0-9]+", "-", f"{job[:6]}-{run_name}".lower())
+    return f"{readable[: NAME_MAX - len(digest) - 1].strip('-')}-{digest}"
 
 
 def in_bucket(path: str, target: Slice) -> str:
@@ -127,13 +140,14 @@ def _main_container(job: RenderedJob, target: Slice, extra_env: list[dict]) -> d
     }
 
 
-def _metadata(job: RenderedJob, target: Slice, name: str, labels: dict) -> dict:
+def _metadata(job: RenderedJob, target: Slice, run_name: str, labels: dict) -> dict:
+    name = name_of(job.name, run_name)
     outputs = " ".join(in_bucket(path, target) for path in job.outputs)
     return {
         "name": name,
         "namespace": NAMESPACE,
-        "labels": {**labels, "tpu-rl/job": job.name},
-        "annotations": {OUTPUTS_ANNOTATION: outputs},
+        "labels": {**labels, "tpu-rl/job": job.name[:LABEL_MAX]},
+        "annotations": {OUTPUTS_ANNOTATION: outputs, RUN_ANNOTATION: run_name},
     }
 
 
@@ -142,7 +156,7 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": _metadata(job, target, name_of(job.name, run_name), {}),
+        "metadata": _metadata(job, target, run_name, {}),
         "spec": {
             "failurePolicy": {"maxRestarts": 0},
             "replicatedJobs": [
@@ -159,7 +173,13 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
                                 "spec": {
                                     "serviceAccountName": SERVICE_ACCOUNT,
                                     "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                                    "containers": [{**_main_container(job, target, []), "volumeMounts": CPU_MOUNTS}],
+                                    "containers": [
+                                        {
+                                            **_main_container(job, target, []),
+                                            "resources": _cpu_resources(job),
+                                            "volumeMounts": CPU_MOUNTS,
+                                        }
+                                    ],
                                     "restartPolicy": "Never",
                                     "volumes": _cpu_volumes(target),
                                 },
@@ -170,6 +190,22 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
             ],
         },
     }
+
+
+# Requests equal to limits (Guaranteed: not the first pod evicted under memory pressure), sized for the
+# 8B model on cpu-np's n2-standard-64 (256 GB). to_maxtext with lazy_load_tensors=False holds the whole
+# Hugging Face checkpoint (16 GB of bf16) and the converted float32 parameters (8B x 4 bytes = 32 GB), with
+# host copies while sharding; to_huggingface holds the bf16 training checkpoint (16 GB) and its bf16 export.
+CPU_JOB_MEMORY = {
+    "maxtext.checkpoint_conversion.to_maxtext": "128Gi",
+    "maxtext.checkpoint_conversion.to_huggingface": "64Gi",
+}
+CPU_JOB_CPUS = "16"
+
+
+def _cpu_resources(job: RenderedJob) -> dict:
+    amounts = {"cpu": CPU_JOB_CPUS, "memory": CPU_JOB_MEMORY.get(job.module, "64Gi")}
+    return {"requests": amounts, "limits": dict(amounts)}
 
 
 TOOLS_MOUNT = {"name": "tools", "mountPath": TOOLS_DIR}
@@ -227,6 +263,9 @@ def _head(job: RenderedJob, target: Slice, scratch: str) -> dict:
     ]
     trainer = {
         **_main_container(job, target, pathways_env),
+        # xpk workload create-pathways: core/docker_resources.py (24 CPUs, 100G) and docker_container.py
+        "resources": {"limits": {"cpu": "24", "memory": "100G"}},
+        "securityContext": {"privileged": True},
         "volumeMounts": [{"mountPath": "/tmp", "name": "shared-tmp"}, TOOLS_MOUNT],
     }
     return {
@@ -313,6 +352,7 @@ def _workers(name: str, target: Slice, scratch: str) -> dict:
                             "cloud.google.com/gke-tpu-topology": target.topology,
                         },
                         "containers": [worker],
+                        "tolerations": [{"operator": "Exists", "key": "google.com/tpu"}],  # XPK's is_tpu=True
                         "restartPolicy": "OnFailure",
                         "volumes": [_shared_tmp()],
                     },
@@ -329,7 +369,9 @@ def pathways_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": _metadata(job, target, name, {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name}),
+        "metadata": _metadata(
+            job, target, run_name, {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name}
+        ),
         "spec": {
             "coordinator": {"replicatedJob": "pathways-head"},
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},

@@ -203,7 +203,10 @@ class Vm:
                 channel.shutdown_write()
                 out = channel.makefile("rb").read()
                 err = channel.makefile_stderr("rb").read()
-                return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
+                status = channel.recv_exit_status()
+                if status == -1:  # closed without an exit status: the connection went, not the command
+                    raise EOFError("the SSH channel closed before the command's exit status came")
+                return status, out.decode(errors="replace"), err.decode(errors="replace")
             finally:
                 channel.close()
 

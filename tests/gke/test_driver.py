@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bootstrap.gke.jobsets import name_of as js
 from tests import hubstub, kubestub
 from tests.kubestub import Run
 from tests.loopback import REPO
@@ -106,12 +107,14 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     script(fab.kube, [Run(lines[:150], "restart"), Run(lines[150:160], "drop"), Run(lines, "complete")])
     result = fab("train", "--run-name", "r1")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert fab.kube.created == ["convert-r1", "train-r1", "export-r1"]  # once each, in order
-    assert fab.kube.pods["train-r1"] == 2 and not fab.kube.runs["train-r1"]  # restarted pod, dropped watch: followed on
+    assert fab.kube.created == [js("convert", "r1"), js("train", "r1"), js("export", "r1")]  # once each, in order
+    assert (
+        fab.kube.pods[js("train", "r1")] == 2 and not fab.kube.runs[js("train", "r1")]
+    )  # restarted pod, dropped watch: followed on
     assert "training steps" in result.stdout and "model kept at gs://my-results/llama3.1-8b-Instruct/hf-trained/r1" in (
         result.stdout
     )
-    export = fab.kube.jobsets["export-r1"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    export = fab.kube.jobsets[js("export", "r1")]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     script_text = export["containers"][0]["command"][2]
     assert (
         "load_parameters_path=gs://my-results/llama3.1-8b-Instruct/post-train/r1/checkpoints/actor/4/model_params"
@@ -148,7 +151,7 @@ def test_a_failed_jobset_is_reported_then_replaced_on_retry(fab):
     retried = fab("train", "--run-name", "r2")
     assert retried.returncode == 0, retried.stdout + retried.stderr
     assert "train: last attempt failed (a pod failed), retrying" in retried.stdout
-    assert fab.kube.deleted == ["train-r2"] and fab.kube.created.count("train-r2") == 2
+    assert fab.kube.deleted == [js("train", "r2")] and fab.kube.created.count(js("train", "r2")) == 2
 
 
 def test_a_jobset_completed_without_its_outputs_is_not_done(fab):
@@ -158,7 +161,7 @@ def test_a_jobset_completed_without_its_outputs_is_not_done(fab):
 
     def finish_without_outputs(name, end):
         original(name, end)
-        if name.startswith("convert"):
+        if name == js("convert", "r3"):
             fab.kube.objects.clear()
 
     fab.kube.finish = finish_without_outputs

@@ -74,15 +74,26 @@ def test_jobset_kueue_and_xpks_queue_objects():
         "https://github.com/kubernetes-sigs/jobset/releases/download/v0.10.1/manifests.yaml",
         "https://github.com/kubernetes-sigs/kueue/releases/download/v0.17.1/manifests.yaml",
     }
-    custom = {r.inputs["kind"]: r.inputs for r in stack.resources if r.type.startswith("kubernetes:kueue.x-k8s.io")}
-    assert custom["ResourceFlavor"]["spec"]["nodeLabels"] == {
+    kueue = [r for r in stack.resources if r.type.startswith("kubernetes:kueue.x-k8s.io")]
+    assert {r.type.split(":")[1] for r in kueue} == {"kueue.x-k8s.io/v1beta2"}  # v0.17.1's storage version
+    custom = {r.inputs["metadata"]["name"]: r.inputs for r in kueue}
+    assert custom["4xtpu-v6e-slice-4x4"]["spec"]["nodeLabels"] == {
         "cloud.google.com/gke-tpu-accelerator": xpk.system("v6e-16").gke_accelerator,
         "cloud.google.com/gke-tpu-topology": "4x4",
     }
-    assert custom["ClusterQueue"]["spec"]["resourceGroups"][0]["flavors"][0]["resources"] == [
-        {"name": "google.com/tpu", "nominalQuota": 16}
-    ]
-    assert custom["LocalQueue"]["spec"] == {"clusterQueue": "cluster-queue"}
+    # XPK's Pathways flavor for the head on cpu-np, with its quota (core/kueue_manager.py)
+    source = (xpk.install() / "core" / "kueue_manager.py").read_text()
+    assert '"nodeLabels": {"cloud.google.com/gke-nodepool": "cpu-np"}' in source
+    assert '{"name": "cpu", "nominalQuota": 480}' in source and '{"name": "memory", "nominalQuota": "2000G"}' in source
+    assert custom["cpu-user"]["spec"]["nodeLabels"] == {"cloud.google.com/gke-nodepool": "cpu-np"}
+    groups = custom["cluster-queue"]["spec"]["resourceGroups"]
+    assert groups == [
+        {"coveredResources": ["google.com/tpu"], "flavors": [{"name": "4xtpu-v6e-slice-4x4", "resources": [
+            {"name": "google.com/tpu", "nominalQuota": 16}]}]},
+        {"coveredResources": ["cpu", "memory"], "flavors": [{"name": "cpu-user", "resources": [
+            {"name": "cpu", "nominalQuota": 480}, {"name": "memory", "nominalQuota": "2000G"}]}]},
+    ]  # fmt: skip
+    assert custom["multislice-queue"]["spec"] == {"clusterQueue": "cluster-queue"}
 
 
 def test_outputs_fab_reads():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,6 +104,7 @@ def xpk_rendering(trainer: dict, name: str) -> dict:
         jobset_annotations=ONE_TO_ONE,  # no sub-slicing: one slice per pool
         autoprovisioning_args="",
         worker_image=jobsets.SERVER_IMAGE,
+        is_tpu=True,  # what `xpk workload create-pathways` passes for a TPU slice
     )
     return yaml.safe_load(document)
 
@@ -249,3 +251,22 @@ def test_a_stack_name_that_is_a_path_is_refused():
         text=True,
     )
     assert result.returncode == 2 and "--stack '../etc': not a stack name" in result.stderr
+
+
+def test_the_trainer_has_xpks_pathways_resources_and_privilege():
+    """What `xpk workload create-pathways` gives the user's container (core/docker_resources.py, docker_container.py)."""
+    source = (xpk.install() / "core" / "docker_resources.py").read_text()
+    cpu, memory = re.search(r'resources_yaml = """cpu: "(\d+)"\s+memory: (\S+)"""', source).groups()
+    assert "privileged: true" in (xpk.install() / "core" / "docker_container.py").read_text()
+    train = jobsets.manifests(rendered_jobs(), TARGET, RUN)["train"]
+    trainer = train["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert trainer["resources"] == {"limits": {"cpu": cpu, "memory": memory}}
+    assert trainer["securityContext"] == {"privileged": True}
+
+
+def test_convert_and_export_pods_are_guaranteed_memory_for_the_8b_model():
+    jobs = jobsets.manifests(rendered_jobs(), TARGET, RUN)
+    for name, memory in (("convert", "128Gi"), ("export", "64Gi")):
+        pod = jobs[name]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"] == {"cpu": "16", "memory": memory}  # QoS Guaranteed
