@@ -18,7 +18,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from .settings import PROJECT, Settings
-from .storage import results_bucket
+from .storage import BUCKET_ROLES, results_bucket
 
 TPU_MACHINE_TYPE = "ct6e-standard-4t"
 GKE_ACCELERATOR = "tpu-v6e-slice"
@@ -200,8 +200,7 @@ class GkeSlice(pulumi.ComponentResource):
             opts=child,
         )
         member = account.email.apply(lambda email: f"serviceAccount:{email}")
-        # objectAdmin alone gives a misleading "bucket not found" (MaxText's multi-host RL doc): add legacyBucketReader.
-        for role in ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader"):
+        for role in BUCKET_ROLES:
             gcp.storage.BucketIAMMember(
                 role.rsplit(".", 1)[1], bucket=self.bucket.name, role=role, member=member, opts=child
             )

@@ -22,3 +22,9 @@ def results_bucket(settings: Settings, labels: dict[str, str], opts: pulumi.Reso
         labels=labels,
         opts=opts,
     )
+
+
+# What a job writing checkpoints and exports needs on the bucket, and nothing outside it: objects, and
+# storage.buckets.get, which MaxText calls before it saves to gs:// (utils/gcs_utils.py
+# mkdir_and_check_permissions); objectAdmin alone gives a misleading "bucket not found".
+BUCKET_ROLES = ("roles/storage.objectAdmin", "roles/storage.legacyBucketReader")

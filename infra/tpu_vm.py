@@ -14,7 +14,7 @@ import pulumi
 import pulumi_gcp as gcp
 
 from .settings import PROJECT, Settings
-from .storage import results_bucket
+from .storage import BUCKET_ROLES, results_bucket
 
 STARTUP_SCRIPT = Path(__file__).resolve().parents[1] / "bootstrap" / "startup.sh"
 
@@ -90,13 +90,9 @@ class TpuVm(pulumi.ComponentResource):
             )
             identity = account.email
         if self.bucket is not None:
-            gcp.storage.BucketIAMMember(
-                "vm-writes-results",
-                bucket=self.bucket.name,
-                role="roles/storage.objectAdmin",
-                member=identity.apply(lambda email: f"serviceAccount:{email}"),
-                opts=child,
-            )
+            member = identity.apply(lambda email: f"serviceAccount:{email}")
+            for name, role in zip(("vm-writes-results", "vm-reads-bucket"), BUCKET_ROLES, strict=True):
+                gcp.storage.BucketIAMMember(name, bucket=self.bucket.name, role=role, member=member, opts=child)
 
         gcp.compute.Firewall(
             "ssh",

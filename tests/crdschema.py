@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import re
 from functools import cache
-from pathlib import Path
 
 import yaml
 
 from bootstrap.paths import REPO
 
-CRDS = REPO.parent / "shared" / "reference" / "crds"
+CRDS = REPO.parent / "shared" / "reference" / "crds"  # shared/ lies beside the checkout, for CI too
 FILES = {
     "JobSet": "jobset-v0.10.1_jobset.x-k8s.io_jobsets.yaml",
     "ResourceFlavor": "kueue-v0.17.1_kueue.x-k8s.io_resourceflavors.yaml",
@@ -26,18 +25,10 @@ ROOT_KEYS = ("apiVersion", "kind")
 TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "number": (int, float)}
 
 
-def crd_dir() -> Path:
-    """The shared reference folder beside the checkout (CI lays it beside the clone as well)."""
-    for folder in (CRDS, Path(__file__).resolve().parents[2] / "shared" / "reference" / "crds"):
-        if folder.is_dir():
-            return folder
-    raise FileNotFoundError(f"no CRD folder at {CRDS}")
-
-
 @cache
 def schema(kind: str, api_version: str) -> dict:
     """The openAPIV3Schema of `kind` at the version `api_version` names; the version must be served."""
-    crd = yaml.safe_load((crd_dir() / FILES[kind]).read_text())
+    crd = yaml.safe_load((CRDS / FILES[kind]).read_text())
     group, version = api_version.split("/")
     assert crd["spec"]["group"] == group, (kind, api_version)
     (found,) = [v for v in crd["spec"]["versions"] if v["name"] == version]

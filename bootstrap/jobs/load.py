@@ -269,11 +269,14 @@ def provided_values(spec: PipelineSpec) -> dict[str, str]:
 
 
 TRAIN_STEPS = "train_steps"  # an RL trainer's own step count, from its resolved arguments
+CHECKPOINT_PERIOD = "checkpoint_period"  # a tenth of it: what a lost VM costs at most
+CHECKPOINTS_PER_RUN = 10
 
 
 def _job_values(job: Job, values: dict[str, str], problems: list[Problem]) -> dict[str, str]:
-    """The shared values, plus ${train_steps} in an RL trainer's files: the updates MaxText will run
-    (num_batches x rl.num_iterations x train_fraction x num_epoch), for its progress bar."""
+    """The shared values, plus in an RL trainer's files ${train_steps}, the updates MaxText will run
+    (num_batches x rl.num_iterations x train_fraction x num_epoch), for its progress bar, and
+    ${checkpoint_period}, a tenth of them (at least 1)."""
     if job.spec.module != schedule.RL_TRAINER:
         return values
     reference = f"${{{TRAIN_STEPS}}}"
@@ -286,7 +289,8 @@ def _job_values(job: Job, values: dict[str, str], problems: list[Problem]) -> di
         if reference not in v
     }
     steps = schedule.train_steps(args)  # None, or out of range: the MaxText key check says why
-    return {**values, TRAIN_STEPS: str(steps if steps and 0 < steps <= schedule.MAX_STEPS else 0)}
+    steps = steps if steps and 0 < steps <= schedule.MAX_STEPS else 0
+    return {**values, TRAIN_STEPS: str(steps), CHECKPOINT_PERIOD: str(max(1, steps // CHECKPOINTS_PER_RUN))}
 
 
 def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> None:

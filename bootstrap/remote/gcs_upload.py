@@ -3,7 +3,9 @@
     python3 gcs_upload.py FOLDER gs://BUCKET/PREFIX --marker COPIED.json
 
 Uses the VM's gcloud with the VM's service account (which may write the stack's
-bucket). The folder is first checked against its SHA256SUMS. `gcloud storage rsync
+bucket). The folder is first checked against its SHA256SUMS, and a destination that holds
+another export (another SHA256SUMS, or files this one does not have) is refused: a durable
+copy is never overwritten. `gcloud storage rsync
 --checksums-only` copies what differs by hash, so a re-run carries on and a same-size
 object with other contents is replaced. Parallel composite uploads are off, so every
 object has the MD5 that Cloud Storage computes on its side; the marker is written only
@@ -42,6 +44,16 @@ def listed_md5(listing: str, url: str) -> dict[str, str]:
     return found
 
 
+def remote_md5(listing: list[str], url: str) -> dict[str, str]:
+    """What is at `url` now, by relative path; nothing yet is an empty folder, not an error."""
+    result = subprocess.run(listing, capture_output=True, text=True)
+    if result.returncode != 0:
+        if "matched no objects" in result.stderr:
+            return {}
+        raise subprocess.CalledProcessError(result.returncode, listing, result.stdout, result.stderr)
+    return listed_md5(result.stdout, url)
+
+
 def local_md5(path: str) -> str:
     return base64.b64encode(bytes.fromhex(manifest.file_digest(path, "md5"))).decode()
 
@@ -59,10 +71,19 @@ def main(argv: list[str]) -> int:
         print(f"[tpu-rl] not copying: {err}", flush=True)
         return 1
     copy, listing = commands(args.folder, url)
+    ours = {name: local_md5(os.path.join(args.folder, name)) for name in names}
+    there = remote_md5(listing, url)
+    if there.get(manifest.NAME, ours[manifest.NAME]) != ours[manifest.NAME] or set(there) - set(ours):
+        print(
+            f"[tpu-rl] not copying: {url} holds another export (its {manifest.NAME} or its files differ), and a "
+            "durable copy is never overwritten; copy this one elsewhere (another results.gcs prefix or run name)",
+            flush=True,
+        )
+        return 1
     print(f"[tpu-rl] copying {args.folder} to {url}", flush=True)
     subprocess.run(copy, check=True, env={**os.environ, **ENV})
-    remote = listed_md5(subprocess.run(listing, check=True, capture_output=True, text=True).stdout, url)
-    wrong = [name for name in names if remote.get(name) != local_md5(os.path.join(args.folder, name))]
+    remote = remote_md5(listing, url)
+    wrong = [name for name in names if remote.get(name) != ours[name]]
     if wrong:
         print(f"[tpu-rl] verification failed: Cloud Storage's MD5 differs for {', '.join(sorted(wrong))}", flush=True)
         return 1

@@ -68,6 +68,7 @@ def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
         "train.learning_rate=3e-4",
         "train.adam_weight_decay=0.0",
         "train.checkpoint_period=1",  # every step's optimizer state: the learning rate each update used
+        "train.max_num_checkpoints_to_keep=4",
         "train.eval_interval=2",
         "train.log_period=1",
         "train.debug.rl=false",

@@ -18,7 +18,7 @@ def test_children_alias_their_top_level_urns(monkeypatch):
     monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", record)
     run_program({"tpu-rl:resultsBucket": "my-results"})
     children = {r.name: r for r in registered if r.type.startswith("gcp:")}
-    assert set(children) == {"results", "vm", "vm-writes-results", "ssh", "tpu-vm"}
+    assert set(children) == {"results", "vm", "vm-writes-results", "vm-reads-bucket", "ssh", "tpu-vm"}
     (component,) = [r for r in registered if r.type == "tpu-rl:index:TpuVm"]
     for name, request in children.items():
         assert request.parent.endswith("tpu-rl:index:TpuVm::tpu-rl"), name

@@ -24,9 +24,12 @@ def test_bucket_when_configured_uniform_and_private():
     assert bucket["uniformBucketLevelAccess"] is True
     assert bucket["publicAccessPrevention"] == "enforced"
     assert bucket["location"] == "US-EAST5"
-    grant = stack.one(BUCKET_IAM)
-    assert grant["role"] == "roles/storage.objectAdmin"
-    assert grant["member"].startswith("serviceAccount:tpu-rl-")
+    grants = [
+        r.inputs for r in stack.of_type(BUCKET_IAM)
+    ]  # objects, and storage.buckets.get (MaxText checks the bucket first)
+    assert sorted(g["role"] for g in grants) == ["roles/storage.legacyBucketReader", "roles/storage.objectAdmin"]
+    assert all(g["bucket"] == "my-results" and g["member"].startswith("serviceAccount:tpu-rl-") for g in grants)
+    assert len({g["member"] for g in grants}) == 1  # the VM's own identity, nothing project-wide
     assert stack.outputs["bucket"] == "my-results"
 
 

@@ -30,6 +30,8 @@ if args[:2] == ["storage", "rsync"]:
         if not (same_size and os.environ.get("FAKE_SIZE_ONLY")):
             shutil.copy(os.path.join(source, name), target)
 elif args[:3] == ["storage", "objects", "list"]:
+    if not os.listdir(bucket):  # as gcloud says it
+        sys.exit("ERROR: (gcloud.storage.objects.list) One or more URLs matched no objects.")
     items = [
         {"name": "runs/2026-11-30-12-00-00/" + n, "size": str(os.path.getsize(os.path.join(bucket, n))),
          "md5Hash": base64.b64encode(hashlib.md5(open(os.path.join(bucket, n), "rb").read()).digest()).decode()}
@@ -100,3 +102,19 @@ def test_local_md5_is_what_gcs_reports(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"hello")
     assert gcs_upload.local_md5(str(path)) == base64.b64encode(hashlib.md5(b"hello").digest()).decode()
+
+
+def test_a_prefix_holding_another_export_is_never_overwritten(export, tmp_path, capsys):
+    folder, bucket = export
+    (bucket / "SHA256SUMS").write_text("0" * 64 + "  model.safetensors\n")  # an earlier run's durable copy
+    (bucket / "model.safetensors").write_bytes(b"weights of run 1")
+    before = {p.name: p.read_bytes() for p in bucket.iterdir()}
+    assert gcs_upload.main([str(folder), URL, "--marker", str(tmp_path / "copied.json")]) == 1
+    assert "holds another export" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in bucket.iterdir()} == before and not (tmp_path / "copied.json").exists()
+
+
+def test_a_copy_of_the_same_export_that_stopped_half_way_carries_on(export, tmp_path):
+    folder, bucket = export
+    (bucket / "config.json").write_bytes((folder / "config.json").read_bytes())  # copied before the stop
+    assert gcs_upload.main([str(folder), URL, "--marker", str(tmp_path / "copied.json")]) == 0

@@ -20,7 +20,8 @@ RUN = "2026-11-30-12-00-00"
 # the Instruct model name in every job, hardware=cpu skip_jax_distributed_system=true on export,
 # no hf_access_token argument, RL keys under rl. (the guide sets none), and the learning-rate
 # schedule sized to the run (0: the run's own length; unset, MaxText 0.2.3 sizes it to 150001 steps). And one
-# workaround: train runs through maxtext_run.py, as `python -m` would, so that it can exit.
+# workaround: train runs through maxtext_run.py, as `python -m` would, so that it can exit. And a
+# checkpoint every tenth of the run, two kept (rl.yml: every 50 steps, ten kept).
 GUIDE_VARS = {
     "MODEL_NAME": "llama3.1-8b-Instruct",
     "MODEL_CHECKPOINT_DIRECTORY": "/dev/shm/llama3.1-8b-Instruct/mt-format/",
@@ -36,7 +37,7 @@ REFERENCE = {
     "train": """python3 -m maxtext.trainers.post_train.rl.train_rl model_name=llama3.1-8b-Instruct
       load_parameters_path=$MODEL_CHECKPOINT_DIRECTORY/0/items run_name=$RUN_NAME
       base_output_directory=$BASE_OUTPUT_DIRECTORY chips_per_vm=8 num_batches=50
-      learning_rate_schedule_steps=0 num_test_batches=10 rollout_data_parallelism=1 rollout_tensor_parallelism=-1""",
+      learning_rate_schedule_steps=0 checkpoint_period=5 max_num_checkpoints_to_keep=2 num_test_batches=10 rollout_data_parallelism=1 rollout_tensor_parallelism=-1""",
     "export": """python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=llama3.1-8b-Instruct
       load_parameters_path=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/$NUM_BATCHES/model_params
       base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained/ scan_layers=True

@@ -141,3 +141,13 @@ def test_fab_plan_shows_the_schedule_in_one_line_and_refuses_the_unsized_one():
     refused = fab("plan", "--arg", UNSIZED)
     assert refused.returncode == 2 and refused.stdout == ""
     assert refused.stderr.count("error:") == 1 and "0.33% of learning_rate 3e-06" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "period"),
+    [([], 5), (["vars.num_batches=4"], 1), (["vars.num_batches=200"], 20), (["train.rl.num_iterations=2"], 10)],
+)
+def test_a_checkpoint_every_tenth_of_the_run_and_two_kept(overrides, period):
+    """A lost VM costs at most a tenth of the run (rl.yml's every-50-steps would lose a 50-step run whole)."""
+    argv = train_job(overrides).rendered.argv
+    assert f"checkpoint_period={period}" in argv and "max_num_checkpoints_to_keep=2" in argv

@@ -2,17 +2,18 @@
 
 As the real trainer (tests/fixtures/logs/train.log): a `Train step N training loss:` line per
 step; checkpoints at step 1, every checkpoint_period and the last, each with model_params/
-and optimizer_state/; one event file directly in tensorboard/, reward tags one step behind
+and optimizer_state/, the oldest removed beyond max_num_checkpoints_to_keep (orbax's max_to_keep); one event file directly in tensorboard/, reward tags one step behind
 the actor tags; an intermediate eval every eval_interval steps, the last step included;
 accuracy printed as a raw float. Resumes like MaxText: a run with checkpoints continues
 after its last step.
 """
 
 import os
+import shutil
 
 from maxtext import _standin
 
-CHECKPOINT_PERIOD = 2
+DEFAULTS = {"checkpoint_period": "50", "max_num_checkpoints_to_keep": "10"}  # rl.yml's
 
 
 def eval_line(phase: str, step: int) -> str:
@@ -31,6 +32,7 @@ def main() -> None:
         _standin.log(f"checkpoint not found: {args['load_parameters_path']}", "E", "train_rl.py:1")
         raise SystemExit(2)
     total = int(args.get("num_batches", "4"))
+    period, keep = (int(args.get(key, value)) for key, value in DEFAULTS.items())
     eval_interval = int(args.get("eval_interval", "10"))
     run_dir = os.path.join(args["base_output_directory"], args["run_name"])
     actor = os.path.join(run_dir, "checkpoints", "actor")
@@ -57,11 +59,13 @@ def main() -> None:
                 f"Train step {step} training loss: {1.0 / step:.6f}  - training perplexity: 1.000000",
                 where="peft_trainer.py:488",
             )
-            if step == 1 or step % CHECKPOINT_PERIOD == 0 or step == total:
+            if step == 1 or step % period == 0 or step == total:
                 for item in ("model_params", "optimizer_state"):
                     os.makedirs(os.path.join(actor, str(step), item), exist_ok=True)
                     with open(os.path.join(actor, str(step), item, "manifest.ocdbt"), "w") as f:
                         f.write(f"step {step}\n")
+                for old in sorted(int(s) for s in os.listdir(actor) if s.isdigit())[:-keep]:
+                    shutil.rmtree(os.path.join(actor, str(old)))
             if eval_interval and step % eval_interval == 0:
                 _standin.log(eval_line(f"Intermediate Eval (step={step})", step), "W", "hooks.py:98")
     _standin.log("RL Training Completed Successfully!", "W", "train_rl.py:741")
