@@ -2,7 +2,8 @@
 
 The CRDs are the engine's own, verbatim at the pinned tags (../shared/reference/crds). Unknown fields
 are errors (the API server prunes or rejects them), `x-kubernetes-int-or-string` takes either,
-`x-kubernetes-preserve-unknown-fields` keeps anything below it. CEL rules are checked by the tests.
+`x-kubernetes-preserve-unknown-fields` keeps anything below it; patterns, lengths, item counts,
+int32/int64 bounds and list-map keys are checked. CEL rules are checked by the tests.
 """
 
 from __future__ import annotations
@@ -60,19 +61,28 @@ def _check(value, node: dict, path: str) -> list[str]:
     if value is None:
         return [] if node.get("nullable") else [f"{path}: null"]
     if node.get("x-kubernetes-int-or-string"):
-        return [] if isinstance(value, int | str) and not isinstance(value, bool) else [f"{path}: not int or string"]
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            return [f"{path}: not int or string"]
+        if isinstance(value, str) and "pattern" in node and not re.search(node["pattern"], value):
+            return [f"{path}: {value!r} does not match {node['pattern']}"]  # a quantity, say
+        return []
     kind = node.get("type")
     if kind == "integer":
         if not isinstance(value, int) or isinstance(value, bool):
             return [f"{path}: {value!r} is not an integer"]
+        bits = {"int32": 31, "int64": 63}.get(node.get("format", ""))
+        if bits and not -(2**bits) <= value < 2**bits:
+            return [f"{path}: {value} does not fit {node['format']}"]
     elif kind in TYPES and (not isinstance(value, TYPES[kind]) or (kind == "number" and isinstance(value, bool))):
         return [f"{path}: {value!r} is not {kind}"]
     found = []
     if "enum" in node and value not in node["enum"]:
         found.append(f"{path}: {value!r} is not one of {node['enum']}")
     if isinstance(value, str):
-        if len(value) > node.get("maxLength", len(value)):
-            found.append(f"{path}: longer than {node['maxLength']}")
+        if not node.get("minLength", 0) <= len(value) <= node.get("maxLength", len(value)):
+            found.append(
+                f"{path}: {len(value)} characters, outside {node.get('minLength', 0)}..{node.get('maxLength')}"
+            )
         if "pattern" in node and not re.search(node["pattern"], value):
             found.append(f"{path}: {value!r} does not match {node['pattern']}")
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -81,8 +91,15 @@ def _check(value, node: dict, path: str) -> list[str]:
         if "maximum" in node and value > node["maximum"]:
             found.append(f"{path}: {value} > {node['maximum']}")
     if isinstance(value, list):
-        if len(value) > node.get("maxItems", len(value)):
-            found.append(f"{path}: more than {node['maxItems']} items")
+        if not node.get("minItems", 0) <= len(value) <= node.get("maxItems", len(value)):
+            found.append(f"{path}: {len(value)} items, outside {node.get('minItems', 0)}..{node.get('maxItems')}")
+        if node.get("x-kubernetes-list-type") == "map":  # e.g. containers by name, ports by port and protocol
+            keys = node.get("x-kubernetes-list-map-keys", [])
+            seen = [tuple(item.get(k) for k in keys) for item in value if isinstance(item, dict)]
+            if len(seen) != len(set(seen)):
+                found.append(f"{path}: two items share the key {keys}")
+        if node.get("x-kubernetes-list-type") == "set" and len(value) != len({repr(v) for v in value}):
+            found.append(f"{path}: a set holds an item twice")
         for index, item in enumerate(value):
             found += _check(item, node.get("items", {}), f"{path}[{index}]")
     if isinstance(value, dict):

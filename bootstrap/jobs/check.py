@@ -174,24 +174,33 @@ def _check_hf_model(pipeline: Pipeline) -> list[Problem]:
 
 
 def check_secret_values(pipeline: Pipeline, values: dict[str, str]) -> list[Problem]:
-    """A secret's value written into a job (an --arg, an env value, a command) would reach the VM's argv,
-    spec.json and fab plan: refused, without repeating it."""
-    problems = []
+    """A secret's value written anywhere in the job files or the overrides (an argument, an environment
+    value, a command, a follow-up step, the environment spec, a shared setting), as typed or once the
+    ${variables} are resolved, would reach the VM's argv, spec.json or fab plan: refused, without
+    repeating it."""
+    found: dict[tuple[str, str], Problem] = {}
+
+    def scan(value, path: tuple[str, ...], origin) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                scan(item, (*path, str(key)), origin)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                scan(item, (*path, str(index)), origin)
+        elif isinstance(value, str) and path[-2:] != ("args", "hf_access_token"):  # refused by name already
+            for name in (n for n, secret in values.items() if secret and secret in value):
+                where = origin(*path)
+                source = where.source.replace(values[name], secrets.REDACTED)
+                message = f"holds the value of your {name}; {secrets.KNOWN[name].split(' (')[0]} reaches a job "
+                message += f"only through its environment: declare `secrets: [{name}]` in the job instead"
+                key = ".".join(path).replace(values[name], secrets.REDACTED)
+                found.setdefault((source, key), Problem(source, key, message, where.line))
+
+    scan(pipeline.doc.data, (), pipeline.doc.origin)
     for job in pipeline.jobs.values():
-        spec = job.spec
-        sections = {"args": spec.args, "flags": spec.flags, "env": spec.env}
-        sections["command"] = dict(enumerate(spec.command or []))
-        for section, items in sections.items():
-            for key, value in items.items():
-                if (section, key) == ("args", "hf_access_token"):
-                    continue  # refused by name already
-                for name in (n for n, secret in values.items() if secret and secret in value):
-                    where = job.origin(section, str(key))
-                    source = where.source.replace(values[name], secrets.REDACTED)
-                    message = f"holds the value of your {name}; {secrets.KNOWN[name].split(' (')[0]} reaches a job "
-                    message += f"only through its environment: declare `secrets: [{name}]` in the job instead"
-                    problems.append(Problem(source, f"{section}.{key}", message, where.line))
-    return problems
+        scan(job.doc.data, (), job.origin)
+        scan(job.spec.model_dump(), (), job.origin)  # resolved: a token pieced together from ${variables}
+    return list(found.values())
 
 
 def check_pipeline(pipeline: Pipeline) -> list[Problem]:

@@ -73,7 +73,8 @@ def main(argv: list[str]) -> int:
     copy, listing = commands(args.folder, url)
     ours = {name: local_md5(os.path.join(args.folder, name)) for name in names}
     there = remote_md5(listing, url)
-    if there.get(manifest.NAME, ours[manifest.NAME]) != ours[manifest.NAME] or set(there) - set(ours):
+    strangers = {name for name in there if name not in ours and not name.startswith(".") and "/." not in name}
+    if there.get(manifest.NAME, ours[manifest.NAME]) != ours[manifest.NAME] or strangers:  # hidden: rsync's own
         print(
             f"[tpu-rl] not copying: {url} holds another export (its {manifest.NAME} or its files differ), and a "
             "durable copy is never overwritten; copy this one elsewhere (another results.gcs prefix or run name)",

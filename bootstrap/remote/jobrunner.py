@@ -55,7 +55,12 @@ LOG = "log"
 RUNNER_ERR = "runner.err"  # the runner's own stderr: shown when it fails to start
 REDACTED = b"<redacted>"  # what a secret becomes in any output (bootstrap/secrets.py uses it too)
 # Zero or more terminal control sequences or control characters (line ends included), between two bytes.
-CONTROL_BYTES = rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]|[\x00-\x08\x0a-\x1f\x7f])*"
+# Each input has one parse (CSI, OSC, another two-byte escape, or one control byte other than ESC), so
+# matching stays linear: overlapping alternatives would backtrack exponentially on crafted output.
+CONTROL_BYTES = (
+    rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\^_]|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f])*"
+)
+QUIET_FLUSH_SECONDS = 1  # bytes held back for a secret's rest are shown once the log is quiet this long
 
 
 class JobState(str, enum.Enum):
@@ -359,7 +364,8 @@ class Redactor:
             CONTROL_BYTES.join(re.escape(value[i : i + 1]) for i in range(len(value))) for value in values if value
         ]
         self.patterns = [re.compile(pattern) for pattern in self.patterns]
-        self.keep = 4 * max((len(value) for value in values if value), default=0)
+        # room for a colour code (up to about 20 bytes) between each two characters of the longest secret
+        self.keep = 24 * max((len(value) for value in values if value), default=0)
         self.pending = b""
 
     @classmethod
@@ -372,7 +378,7 @@ class Redactor:
             return cls("")
 
     def feed(self, data: bytes) -> bytes:
-        """What of the stream so far can be shown (all of it once `data` is b"": the end)."""
+        """What of the stream so far can be shown (all of it once `data` is b"": the end, or a quiet log)."""
         text = self.pending + data
         for pattern in self.patterns:
             text = pattern.sub(REDACTED, text)
@@ -387,6 +393,7 @@ def follow(job_dir: str, tail: bool) -> int:
     out = sys.stdout.buffer
     redactor = Redactor.of(job_dir)
     position = max(0, os.path.getsize(log_path) - 8192) if tail and os.path.exists(log_path) else 0
+    first, last_data = position > 0, time.monotonic()
     while True:
         try:
             with open(log_path, "rb") as f:
@@ -396,13 +403,19 @@ def follow(job_dir: str, tail: bool) -> int:
             data = b""
         if data:
             position += len(data)
+            if first:  # begin at a whole line: a secret cut by the seek would not be found
+                data, first = data.partition(b"\n")[2], False
             out.write(redactor.feed(data))
             out.flush()
+            last_data = time.monotonic()
             continue
         if job_state(job_dir)["state"] != JobState.RUNNING.value:
             out.write(redactor.feed(b""))  # the log was read to its end after the job stopped
             out.flush()
             return 0
+        if redactor.pending and time.monotonic() - last_data > QUIET_FLUSH_SECONDS:
+            out.write(redactor.feed(b""))  # a quiet job (a long compile) shows its last line now
+            out.flush()
         time.sleep(FOLLOW_POLL_SECONDS)
 
 
@@ -410,10 +423,13 @@ def tail(job_dir: str, count: int, name: str) -> int:
     """The last `count` lines of a file of the job's folder (its log by default), secrets redacted."""
     try:
         with open(os.path.join(job_dir, name), "rb") as f:
-            f.seek(max(0, os.path.getsize(f.name) - 1024 * 1024))
+            start = max(0, os.path.getsize(f.name) - 1024 * 1024)
+            f.seek(start)
             data = f.read()
     except FileNotFoundError:
         return 0
+    if start:  # begin at a whole line: a secret cut by the seek would not be found
+        data = data.partition(b"\n")[2]
     redactor = Redactor.of(job_dir)
     shown = redactor.feed(data) + redactor.feed(b"")
     parts = shown.split(b"\n")

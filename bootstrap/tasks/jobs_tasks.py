@@ -82,5 +82,7 @@ def _require_maxtext(python: str) -> None:
         found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
     except OSError as err:
         raise UserError(f"--python {python}: {err.strerror or err}; {BUILD_ONE}") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"--python {python}: did not answer in 60 s; {BUILD_ONE}") from None
     if not found:
         raise UserError(f"--python {python}: cannot import maxtext; {BUILD_ONE}")

@@ -417,6 +417,8 @@ class Vm:
                 "download into an empty folder, or remove that one first"
             )
         targets = {name: _inside(local, name, where) for name in digests}
+        local.mkdir(parents=True, exist_ok=True)
+        kept.write_text(text)  # first: a download stopped half way still says whose files these are
         sizes = {}
         for name, digest in sorted(digests.items()):
             target = targets[name]
@@ -427,7 +429,6 @@ class Vm:
                     raise UserError(f"{name}: SHA-256 of the copy differs from {where}; run the command again")
                 on_file(name, target.stat().st_size)
             sizes[name] = target.stat().st_size
-        (local / manifest.NAME).write_text(text)
         return sizes
 
     def _fetch(self, sftp: paramiko.SFTPClient, remote: str, target: Path) -> None:

@@ -169,11 +169,20 @@ def test_download_never_mixes_exports_nor_writes_through_links(fab: Fab, tmp_pat
     assert linked.returncode == 2 and "config.json.part is a link" in linked.stderr
     assert not outside.exists()
     (dest / "config.json.part").unlink()
+    (dest / "SHA256SUMS").unlink()  # written first by the attempt that stopped at the link
     (dest / "SHA256SUMS").symlink_to(outside)
     assert fab("download", "--dest", str(dest)).returncode == 2 and not outside.exists()
     (dest / "SHA256SUMS").unlink()
     assert fab("download", "--dest", str(dest)).returncode == 0
     assert (dest / "SHA256SUMS").read_text() == (remote / "SHA256SUMS").read_text()
+    # a download stopped half way already says whose files these are: another export is refused there
+    other, original = tmp_path / "other", (remote / "SHA256SUMS").read_text()
+    (remote / "SHA256SUMS").write_text(original + f"{'3' * 64}  zz-missing.bin\n")  # stops at this file
+    assert fab("download", "--dest", str(other)).returncode == 2
+    assert (other / "SHA256SUMS").read_text() == (remote / "SHA256SUMS").read_text()
+    (remote / "SHA256SUMS").write_text(original)
+    again = fab("download", "--dest", str(other))
+    assert again.returncode == 2 and "holds another export" in again.stderr
 
 
 def test_a_manifest_over_a_mebibyte_is_read_whole(fab: Fab, tmp_path):

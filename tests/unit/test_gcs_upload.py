@@ -117,4 +117,5 @@ def test_a_prefix_holding_another_export_is_never_overwritten(export, tmp_path, 
 def test_a_copy_of_the_same_export_that_stopped_half_way_carries_on(export, tmp_path):
     folder, bucket = export
     (bucket / "config.json").write_bytes((folder / "config.json").read_bytes())  # copied before the stop
+    (bucket / ".cache").write_bytes(b"rsync copies hidden files that the manifest leaves out")
     assert gcs_upload.main([str(folder), URL, "--marker", str(tmp_path / "copied.json")]) == 0

@@ -169,3 +169,25 @@ def test_the_simulation_refuses_a_queue_that_covers_only_tpus():
     objects["cluster-queue"]["spec"]["resourceGroups"] = objects["cluster-queue"]["spec"]["resourceGroups"][:1]
     with pytest.raises(AssertionError, match="resource cpu unavailable in ClusterQueue"):
         admit(manifests(DEFAULT_RUN)["train"], objects)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t["spec"].update(bogus=1), "spec.bogus: unknown field"),
+        (lambda t: t["spec"]["replicatedJobs"][0].update(replicas=2**40), "does not fit int32"),
+        (lambda t: t["spec"]["replicatedJobs"][0].update(replicas="1"), "is not an integer"),
+        (lambda t: head(t)["containers"][0]["resources"]["limits"].update(memory="100 GB"), "does not match"),
+        (lambda t: head(t)["containers"].append(dict(head(t)["containers"][0])), "two items share the key ['name']"),
+        (lambda t: head(t)["containers"][0].update(imagee="x"), "containers[0].imagee: unknown field"),
+    ],
+)
+def test_the_schema_check_refuses_what_the_api_server_would(change, message):
+    """Not vacuous: it reaches into the pod specs, and each of these is refused."""
+    train = manifests(DEFAULT_RUN)["train"]
+    change(train)
+    assert any(message in error for error in crdschema.errors(train)), crdschema.errors(train)
+
+
+def head(jobset: dict) -> dict:
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]

@@ -214,3 +214,35 @@ def test_fab_plan_prints_commands_a_shell_runs_as_shown(tmp_path):
     text = fab("plan", env=env).stdout
     assert "   argv:    ~/maxtext_venv/bin/python3 -m maxtext.checkpoint_conversion.to_maxtext \\" in text
     assert "HF_HOME=~/.cache/huggingface " in text and "'~/" not in text
+
+
+def test_the_token_pieced_together_or_in_any_part_of_the_job_files_is_refused(tmp_path):
+    """A follow-up step, the environment spec, vars joined by ${...}: wherever the value would travel."""
+    token = "hf_pieces" + "z" * 30
+    env = {**os.environ, "HF_TOKEN": token, "TPU_RL_RUNS": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    joined = fab(
+        "plan",
+        "--arg",
+        f"vars.a={token[:10]}",
+        "--arg",
+        f"vars.b={token[10:]}",
+        "--arg",
+        "convert.env.Y=${a}${b}",
+        env=env,
+    )
+    assert joined.returncode == 2 and "env.Y: holds the value of your HF_TOKEN" in joined.stderr
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    edit(jobs / "export.yaml", '"${export_dir}", "${hf_model}"]', f'"${{export_dir}}", "${{hf_model}}", "--t={token}"]')
+    edit(
+        jobs / "pipeline.yaml",
+        "    UV_TORCH_BACKEND: cpu",
+        f"    UV_TORCH_BACKEND: cpu\n    UV_INDEX: https://x:{token}@idx",
+    )
+    for job in ("prefetch", "convert", "train", "export"):  # no job declares the token: it is checked all the same
+        path = jobs / f"{job}.yaml"
+        path.write_text("\n".join(line for line in path.read_text().splitlines() if not line.startswith("secrets:")))
+    result = fab("plan", env={**env, "TPU_RL_JOBS": str(jobs)})
+    assert result.returncode == 2 and token not in result.stderr + result.stdout
+    assert "export.yaml" in result.stderr and "after.0.4: holds the value of your HF_TOKEN" in result.stderr
+    assert "pipeline.yaml" in result.stderr and "environment.install_env.UV_INDEX: holds" in result.stderr

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.paths import REPO
 from bootstrap.remote import jobrunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standin"))
@@ -223,3 +224,33 @@ def test_tail_shows_the_last_lines_redacted(tmp_path):
         [sys.executable, jobrunner.__file__, "tail", str(job), "2"], capture_output=True, text=True, check=True
     )
     assert result.stdout == "two <redacted>\nthree\n"
+
+
+def test_redaction_stays_linear_on_crafted_escapes_and_finds_a_coloured_token_across_chunks(tmp_path):
+    token = b"hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    (tmp_path / "HF_TOKEN").write_bytes(token)
+    script = (  # in a child, so that a regression is a timeout here, not a hung suite
+        "import sys; from bootstrap.remote.jobrunner import Redactor\n"
+        "r = Redactor(sys.argv[1]); r.feed(b'h' + b'\\x1b]\\x07' * 5000 + b'X'); r.feed(b'')\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, check=True, timeout=30)
+    coloured = b"".join(token[i : i + 1] + b"\x1b[38;5;196m" for i in range(len(token)))
+    log = b"x" * 65536 + coloured + b"\n"
+    for cut in (65536, 65536 + 100, 65536 + 300):
+        redactor = jobrunner.Redactor(str(tmp_path))
+        shown = redactor.feed(log[:cut]) + redactor.feed(log[cut:]) + redactor.feed(b"")
+        assert b"<redacted>" in shown and b"hf_abc" not in shown, cut
+
+
+def test_tail_starts_at_a_whole_line_so_a_token_cut_by_the_seek_never_shows(tmp_path):
+    job = tmp_path / "job"
+    job.mkdir()
+    (tmp_path / "secrets").mkdir()
+    token = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    (tmp_path / "secrets" / "HF_TOKEN").write_text(token)
+    (job / jobrunner.SPEC).write_text(json.dumps({"secrets_dir": str(tmp_path / "secrets")}))
+    (job / jobrunner.LOG).write_text("x" * 10 + token + "\n" + "y" * (2**20 - len(token) + 5) + "\nlast\n")
+    result = subprocess.run(
+        [sys.executable, jobrunner.__file__, "tail", str(job), "5"], capture_output=True, text=True, check=True
+    )
+    assert token[-10:] not in result.stdout and result.stdout.endswith("last\n")
