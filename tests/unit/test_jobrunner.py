@@ -227,7 +227,7 @@ def test_tail_shows_the_last_lines_redacted(tmp_path):
 
 
 def test_redaction_stays_linear_on_crafted_escapes_and_finds_a_coloured_token_across_chunks(tmp_path):
-    token = b"hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    token = b"hf_fake-token-abcdefghijklmnopqrstuvwxyz"
     (tmp_path / "HF_TOKEN").write_bytes(token)
     script = (  # in a child, so that a regression is a timeout here, not a hung suite
         "import sys; from bootstrap.remote.jobrunner import Redactor\n"
@@ -246,7 +246,7 @@ def test_tail_starts_at_a_whole_line_so_a_token_cut_by_the_seek_never_shows(tmp_
     job = tmp_path / "job"
     job.mkdir()
     (tmp_path / "secrets").mkdir()
-    token = "hf_abcdefghijklmnopqrstuvwxyz0123456789"
+    token = "hf_fake-token-abcdefghijklmnopqrstuvwxyz"
     (tmp_path / "secrets" / "HF_TOKEN").write_text(token)
     (job / jobrunner.SPEC).write_text(json.dumps({"secrets_dir": str(tmp_path / "secrets")}))
     (job / jobrunner.LOG).write_text("x" * 10 + token + "\n" + "y" * (2**20 - len(token) + 5) + "\nlast\n")
