@@ -41,5 +41,6 @@ else:
     pulumi.export("external_ip", vm.external_ip)
     pulumi.export("hosts", vm.external_ip.apply(lambda ip: [ip]))
     pulumi.export("ssh_user", settings.ssh_user)
+    pulumi.export("provisioning_model", settings.provisioning_model)  # fab's autostop default depends on it
     pulumi.export("bucket", vm.bucket.name if vm.bucket is not None else None)
     pulumi.export("ssh_command", vm.external_ip.apply(lambda ip: f"ssh {settings.ssh_user}@{ip}"))

@@ -25,3 +25,7 @@ class UserError(Exception):
             problems = [problems]
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
+
+
+class StoppedWatching(Exception):
+    """Ctrl-C while fab watched a pipeline: only the watching stopped (fab exits 130, saying how to watch again)."""

@@ -1,13 +1,13 @@
-"""The gke backend's side of the narrow interface the scheduler drives: JobSets instead of runner folders.
+"""The gke backend's cluster, as gke/driving.py drives it: JobSets instead of runner folders.
 
-`Cluster` answers the same calls as `vm.machine.Vm` (install, prepare, states, launch,
-follow, tail, lock, preflight), through the Kubernetes API with the official client, so
-the same decision table skips, re-attaches and retries. A job's key is its JobSet's
+`Cluster` answers calls like `vm.machine.Vm`'s (install, prepare, states, launch, follow,
+tail), through the Kubernetes API with the official client, so that the VM driver's own
+graph (driver.Graph) skips, re-attaches and retries. A job's key is its JobSet's
 name. A job is done only when its JobSet completed and every declared output exists in
 Cloud Storage; the finished JobSet of a failed attempt is deleted before the retry is
 created. Logs come from the job's head pod, streamed in chunks (bounded memory); a
 stream that ends while the JobSet runs (a restarted pod, a dropped watch) is followed
-again by the scheduler. The Hugging Face token goes into the Secret the JobSets name.
+again by the pipeline. The Hugging Face token goes into the Secret the JobSets name.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import copy
 import fnmatch
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 
 from google.cloud import storage
 from kubernetes import client, config
@@ -58,13 +57,13 @@ class Cluster:
         self.storage = storage.Client(project=project)
         self.cleaner = cleaner or Cleaner()
 
-    # --- What the tasks and the scheduler call ------------------------------------------------
+    # --- What the tasks and the pipeline call ------------------------------------------------
 
     def install(self) -> str | None:
         """The current run: kept on this machine (the cluster keeps no run of its own)."""
         return runs.current_run()
 
-    def prepare(self, run_name: str, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
+    def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
         """The token as the Secret the JobSets reference; tpu-rl's export tools as a ConfigMap."""
         self._put(self.core.create_namespaced_secret, self.core.replace_namespaced_secret, SECRET,
                   client.V1Secret(metadata=client.V1ObjectMeta(name=SECRET), string_data=secrets))  # fmt: skip
@@ -103,7 +102,7 @@ class Cluster:
             for line in lines(stream.stream(CHUNK)):
                 on_line(self.cleaner(line))
         except (ApiException, HTTPError, OSError):
-            return  # a dropped watch: the scheduler asks the state and follows again
+            return  # a dropped watch: the pipeline asks the state and follows again
 
     def tail(self, key: str, count: int, _file: str | None = None) -> list[str]:
         pod = self._head_pod(key)
@@ -123,16 +122,6 @@ class Cluster:
         )
 
     download_verified = download
-
-    def preflight(self, request: dict) -> list[dict]:
-        return []  # Kueue admits a JobSet only when the slice's TPUs are free
-
-    def check_lock(self) -> None:
-        """No lock: a JobSet's name makes a second submission of the same job an attach."""
-
-    @contextmanager
-    def lock(self, owner: str) -> Iterator[None]:
-        yield
 
     # --- Inside -----------------------------------------------------------------------------
 

@@ -101,6 +101,12 @@ class VmSpec(Strict):
     min_shm_gb: Gigabytes = 0
     shm_path: Folder = "/dev/shm"
     validate_args: bool = True
+    # Shut the VM down once every job is done and no fab command came for this long: "auto" (by the
+    # stack's provisioning model, README: Autostop), "off", or a time such as 30m, 2h.
+    autostop: str = Field("auto", pattern=r"^(auto|off|[1-9][0-9]{0,3}[smh])$")
+    autostop_command: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
+        ["sudo", "-n", "shutdown", "-h", "now"], min_length=1
+    )
 
     @field_validator("state_dir")
     @classmethod

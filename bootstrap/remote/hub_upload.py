@@ -1,6 +1,7 @@
 """Upload an exported model folder to the Hugging Face Hub from the VM, resumably, then verify.
 
-    python hub_upload.py FOLDER REPO_ID --card CARD.md [--private] --marker PUBLISHED.json
+    python hub_upload.py FOLDER REPO_ID --card CARD.md [--evals-from TRAIN_LOG --steps N] [--private]
+        --marker PUBLISHED.json
 
 Runs with the MaxText venv's Python (huggingface_hub comes with MaxText). The token
 comes from HF_TOKEN in the environment and the Hub from HF_ENDPOINT. One commit per
@@ -9,6 +10,8 @@ matches ours: the LFS SHA-256 for large files (checked against the export's
 SHA256SUMS), the git blob id for small ones. So a re-run carries on an interrupted
 16 GB upload without sending finished files again, and still replaces a file of the
 same size with other contents. The marker is written only after every file verifies.
+The card's eval table is filled here from the train job's log (evals.py), so the card
+says what this export scored even when no laptop watched the run.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import json
 import os
 import sys
 
-import manifest  # beside this script in the VM's tools folder
+import evals  # beside this script in the VM's tools folder, as manifest
+import manifest
 from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoFile
 
@@ -56,6 +60,16 @@ def wanted_files(folder: str, card: str) -> dict[str, tuple[str, str]]:
     return wanted
 
 
+def write_card(template: str, results: list[dict]) -> str:
+    """The card beside its template, with the eval table's rows in place."""
+    with open(template) as f:
+        text = f.read().replace(evals.CARD_ROWS, evals.card_rows(results))
+    card = os.path.join(os.path.dirname(template), CARD_NAME)
+    with open(card, "w") as f:
+        f.write(text)
+    return card
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
@@ -63,7 +77,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--card", required=True)
     parser.add_argument("--marker", required=True)
     parser.add_argument("--private", action="store_true")
+    parser.add_argument("--evals-from", help="the train job's log, for the card's eval table")
+    parser.add_argument("--steps", type=int, help="the run's steps (an eval at the last one is the Post eval)")
     args = parser.parse_args(argv)
+    if args.evals_from:
+        card = write_card(args.card, evals.from_log(args.evals_from, args.steps))
+        args.card = card
 
     api = HfApi()
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)

@@ -2,35 +2,35 @@
 
 Copied to the VM and run with its system python3 (standard library only), so it works
 before any environment exists. It owns the folder layout (Layout), the job states
-(JobState), the files of a job folder, the lock, and the preflight. The laptop imports
-the same module for the names and drives it through these subcommands:
+(JobState), the files of a job folder and the preflight. The pipeline driver
+(driver.py, beside it) and the laptop import the same module and use these subcommands:
 
     launch JOB_DIR                start the job whose spec.json comes on stdin, detached;
                                   return once the runner has recorded it (prints its state)
     run JOB_DIR                   the detached runner itself (started by launch)
     status JOB_DIR...             JSON state of each job
     follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
-    prepare STATE_DIR [RUN]       create the state folder (0700) and record the current run
-    lock STATE_DIR OWNER          hold the VM's lock while pings arrive on stdin
+    tail JOB_DIR COUNT [FILE]     the last lines of the job's log (or FILE of its folder)
+    prepare STATE_DIR             create the state folder (0700)
     preflight                     check the VM against the JSON request on stdin
 
 A job's command runs in its own session and process group, behind a small shell that
 writes its exit code to a file: if the runner dies, the job goes on, and the next launch
 re-attaches a new runner to it instead of starting a second copy. A job counts as done
 only when it exited 0 and every declared output exists; `done` is written after that
-check and never before.
+check and never before. A job done for `inputs` (files it read, such as an export's
+SHA256SUMS) is done only while they are unchanged.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
-import fcntl
 import glob
+import hashlib
 import json
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -39,7 +39,6 @@ import time
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
-LOCK_SILENCE_SECONDS = 90
 LAUNCH_WAIT_SECONDS = 60
 FOLLOW_POLL_SECONDS = 0.05
 READ_CHUNK = 64 * 1024
@@ -78,6 +77,8 @@ class JobState(str, enum.Enum):
     """Started, but runner and process are gone without a verdict (VM restart, kill)."""
     LOST = "lost"
     """Was done, but its outputs have gone since (a restart wipes /dev/shm)."""
+    STALE = "stale"
+    """Was done, but for inputs that have changed since (a copy of an export that was made again)."""
 
 
 class Layout:
@@ -87,9 +88,9 @@ class Layout:
         self.root = state_dir.rstrip("/")
         self.bin = f"{self.root}/bin"
         self.secrets = f"{self.root}/secrets"
-        self.lock = f"{self.root}/lock"
-        self.lock_owner = f"{self.root}/lock.owner"
+        self.lock = f"{self.root}/lock"  # held by the pipeline driver for as long as it runs
         self.current_run = f"{self.root}/current-run"
+        self.pipeline = f"{self.root}/pipeline"  # the driver's plan, state and events (driver.py)
 
     def setup(self, digest: str) -> str:
         """The environment build for one spec: the same spec again finds it done."""
@@ -106,7 +107,7 @@ class Layout:
         return f"{self.bin}/{script}"
 
 
-def _write_json(path: str, data: dict) -> None:
+def write_json(path: str, data: dict) -> None:
     """Write atomically: a reader never sees half a file."""
     tmp = f"{path}.tmp"
     with open(tmp, "w") as f:
@@ -114,7 +115,7 @@ def _write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: str) -> dict | None:
+def read_json(path: str) -> dict | None:
     try:
         with open(path) as f:
             return json.load(f)
@@ -167,12 +168,24 @@ def missing_outputs(patterns: list[str]) -> list[str]:
     return missing
 
 
+def inputs_digest(paths: list[str]) -> str:
+    """What a job read, as one hash: a missing input hashes differently from an empty one."""
+    digest = hashlib.sha256()
+    for path in paths:
+        try:
+            with open(os.path.expanduser(path), "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+        except FileNotFoundError:
+            digest.update(b"missing")
+    return digest.hexdigest()
+
+
 def job_state(job_dir: str) -> dict:
     """The job's state and the facts behind it (times, exit code, outputs)."""
     path = lambda name: os.path.join(job_dir, name)  # noqa: E731
-    spec = _read_json(path(SPEC)) or {}
-    runner, process = _read_json(path(RUNNER)), _read_json(path(PROCESS))
-    result, done = _read_json(path(RESULT)), _read_json(path(DONE))
+    spec = read_json(path(SPEC)) or {}
+    runner, process = read_json(path(RUNNER)), read_json(path(PROCESS))
+    result, done = read_json(path(RESULT)), read_json(path(DONE))
     log = path(LOG)
     state = {"job_dir": job_dir, "log": log, "log_bytes": os.path.getsize(log) if os.path.exists(log) else 0}
     if runner:
@@ -182,6 +195,8 @@ def job_state(job_dir: str) -> dict:
     if done:
         missing = missing_outputs(spec.get("outputs", []))
         state.update(state=JobState.LOST if missing else JobState.DONE, outputs=done["outputs"], missing=missing)
+        if not missing and spec.get("inputs") and done.get("inputs") != inputs_digest(spec["inputs"]):
+            state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
     elif result:
         state["state"] = JobState.FAILED
     elif alive(runner) or alive(process):
@@ -216,7 +231,7 @@ class _Job:
 
     def __init__(self, job_dir: str):
         self.dir = job_dir
-        self.spec = _read_json(self.path(SPEC))
+        self.spec = read_json(self.path(SPEC))
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -236,7 +251,7 @@ class _Job:
             wrapper, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
         record = identity(child.pid)
-        _write_json(self.path(PROCESS), record)
+        write_json(self.path(PROCESS), record)
         forward = lambda signum, _frame: os.killpg(child.pid, signum)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
@@ -252,20 +267,21 @@ class _Job:
 
     def adoptable(self) -> bool:
         """Its process outlived a dead runner: still running, or ended with its exit code kept."""
-        process = _read_json(self.path(PROCESS))
+        process = read_json(self.path(PROCESS))
         ended = os.path.exists(self.path(EXIT_CODE)) and not os.path.exists(self.path(RESULT))
         return bool(process) and (alive(process) or ended)
 
     def run(self) -> int:
         """Run (or adopt) the job, then write its verdict."""
-        _write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
+        inputs = inputs_digest(self.spec.get("inputs") or [])  # as the job is about to read them
+        write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
         exit_code, error = 1, None
         with open(self.path(LOG), "ab", buffering=0) as log:
             try:
                 env = {**os.environ, **{k: _expand(v) for k, v in self.spec["env"].items()}, **_secret_env(self.spec)}
                 if self.adoptable():
                     self.note(log, "re-attached to the job (its runner had stopped)")
-                    _wait_gone(_read_json(self.path(PROCESS)))
+                    _wait_gone(read_json(self.path(PROCESS)))
                     exit_code = self.exit_code()
                 else:
                     exit_code, error = self.start(env, log)
@@ -281,8 +297,8 @@ class _Job:
         # `done` before the verdict: a reader between the two writes must never see exit 0 without `done` (failed)
         if exit_code == 0 and not missing:
             outputs = sorted(m for p in self.spec["outputs"] for m in glob.glob(os.path.expanduser(p)))
-            _write_json(self.path(DONE), {"finished": time.time(), "outputs": outputs})
-        _write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
+            write_json(self.path(DONE), {"finished": time.time(), "outputs": outputs, "inputs": inputs})
+        write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
         return exit_code
 
     def start(self, env: dict, log) -> tuple[int, str | None]:
@@ -298,18 +314,17 @@ class _Job:
         return exit_code, None
 
 
-def launch(job_dir: str, spec_text: str) -> int:
-    """Start the job detached and return once its runner has recorded it.
+def launch(job_dir: str, spec_text: str) -> dict:
+    """Start the job detached and return its state once its runner has recorded it.
 
     A job already running is left alone; a job whose runner died but whose process
-    lives gets a new runner that adopts it. Prints the state as JSON.
+    lives gets a new runner that adopts it. Raises RuntimeError when the runner did not start.
     """
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     state = job_state(job_dir)
-    runner = _read_json(os.path.join(job_dir, RUNNER))
+    runner = read_json(os.path.join(job_dir, RUNNER))
     if state["state"] == JobState.RUNNING.value and alive(runner):
-        print(json.dumps(state))
-        return 0
+        return state
     if state["state"] != JobState.RUNNING.value and not _Job(job_dir).adoptable():
         # a fresh attempt: keep the old log, forget the old verdict
         for name in (RESULT, DONE, RUNNER, PROCESS, EXIT_CODE):
@@ -318,6 +333,10 @@ def launch(job_dir: str, spec_text: str) -> int:
         log = os.path.join(job_dir, LOG)
         if os.path.exists(log) and os.path.getsize(log):
             os.replace(log, f"{log}.{int(time.time())}")
+        spec = json.loads(spec_text)
+        for name, text in (spec.get("files") or {}).items():  # what the job reads from its folder (a model card)
+            with open(os.path.join(job_dir, os.path.basename(name)), "w") as f:
+                f.write(text)
         with open(os.path.join(job_dir, f"{SPEC}.tmp"), "w") as f:
             f.write(spec_text)
         os.replace(os.path.join(job_dir, f"{SPEC}.tmp"), os.path.join(job_dir, SPEC))
@@ -339,11 +358,9 @@ def launch(job_dir: str, spec_text: str) -> int:
             with open(err_path, "rb") as f:
                 f.seek(offset)
                 text = f.read().decode(errors="replace").strip()
-            print(f"the job runner did not start: {text[-2000:] or 'no output'}", file=sys.stderr)
-            return 1
-        time.sleep(0.02)
-    print(json.dumps(job_state(job_dir)))
-    return 0
+            raise RuntimeError(f"the job runner did not start: {text[-2000:] or 'no output'}")
+        time.sleep(0.01)
+    return job_state(job_dir)
 
 
 class Redactor:
@@ -441,44 +458,20 @@ def tail(job_dir: str, count: int, name: str) -> int:
     return 0
 
 
-def prepare(state_dir: str, run: str | None) -> int:
-    """The state folder, readable by the SSH user only, and the run later commands continue."""
+def prepare(state_dir: str) -> int:
+    """The state folder, readable by the SSH user only."""
     layout = Layout(state_dir)
     for folder in (layout.root, layout.bin, layout.secrets):
         os.makedirs(folder, mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)
-    if run:
-        with open(layout.current_run + ".tmp", "w") as f:
-            f.write(run + "\n")
-        os.replace(layout.current_run + ".tmp", layout.current_run)
     return 0
 
 
-def hold_lock(state_dir: str, owner: str, silence: float = LOCK_SILENCE_SECONDS) -> int:
-    """Hold the lock while the owner's pings arrive on stdin, answering each with `ok`.
-
-    Ends when the channel closes (fab exited or was killed) or when no ping came for
-    `silence` seconds (the laptop vanished without closing the connection).
-    """
-    layout = Layout(state_dir)
-    os.makedirs(layout.root, mode=0o700, exist_ok=True)
-    with open(layout.lock, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                with open(layout.lock_owner) as f:
-                    print(f"busy: {f.read().strip()}", flush=True)
-            except FileNotFoundError:
-                print("busy: another fab command", flush=True)
-            return 75
-        with open(layout.lock_owner, "w") as f:
-            f.write(owner)
-        print("locked", flush=True)
-        stdin = sys.stdin.fileno()
-        while select.select([stdin], [], [], silence)[0] and os.read(stdin, 4096):
-            print("ok", flush=True)
-    return 0
+def record_run(layout: Layout, run: str) -> None:
+    """The run that later fab commands continue."""
+    with open(layout.current_run + ".tmp", "w") as f:
+        f.write(run + "\n")
+    os.replace(layout.current_run + ".tmp", layout.current_run)
 
 
 def _holders(paths: list[str]) -> list[tuple[int, str]]:
@@ -547,7 +540,8 @@ def main(argv: list[str]) -> int:
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
     try:
         if command == "launch":
-            return launch(os.path.expanduser(args[0]), sys.stdin.read())
+            print(json.dumps(launch(os.path.expanduser(args[0]), sys.stdin.read())))
+            return 0
         if command == "run":
             return _Job(os.path.expanduser(args[0])).run()
         if command == "status":
@@ -558,15 +552,16 @@ def main(argv: list[str]) -> int:
         if command == "tail":
             return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
         if command == "prepare":
-            return prepare(os.path.expanduser(args[0]), args[1] if len(args) > 1 else None)
-        if command == "lock":
-            return hold_lock(os.path.expanduser(args[0]), args[1])
+            return prepare(os.path.expanduser(args[0]))
         if command == "preflight":
             checks = preflight(json.load(sys.stdin))
             print(json.dumps(checks))
             return 0 if all(c["ok"] for c in checks) else 1
     except BrokenPipeError:
         return 0  # the reader went away (fab stopped following)
+    except RuntimeError as err:
+        print(str(err), file=sys.stderr)
+        return 1
     except OSError as err:
         where = f" ({err.filename})" if err.filename else ""
         hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""

@@ -12,7 +12,7 @@ from invoke import Context, Exit
 from rich.console import Console
 
 from .. import secrets
-from ..errors import UserError
+from ..errors import StoppedWatching, UserError
 from ..gke import session as gke
 from ..jobs import load
 from ..jobs.check import base_model_of
@@ -20,10 +20,10 @@ from ..jobs.plan import build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
 from ..remote.jobrunner import Layout
 from ..results import hub, runs
+from ..session import Session
 from ..vm import connect
 from ..vm.machine import Vm
 from ..vm.output import Cleaner
-from ..vm.scheduler import Session
 
 ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_batches=100, vars.num_batches=100, convert.--lazy_load_tensors=True"
 RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
@@ -40,6 +40,8 @@ def reports_errors(body: Callable) -> Callable:
         except UserError as err:
             message = secrets.redact(str(err))  # an --arg quoted back could hold the token
             raise Exit(f"error: {message}".replace("\n", "\nerror: "), code=2) from None
+        except StoppedWatching as stopped:
+            raise Exit(f"\n{stopped}", code=130) from None
         except KeyboardInterrupt:
             raise Exit(
                 "\ninterrupted: anything started on the VM goes on. Run the same command again to carry on.", code=130
@@ -85,7 +87,7 @@ def open_session(
     name, why = choose_run(driver.install(), source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
     plan = gke.plan(files, planned_with, name, target) if target else build(files, overrides, name)
-    return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides)
+    return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
 
 
 def choose_run(current: str | None, source: str, requested: str | None, new: bool) -> tuple[str, str]:
@@ -98,9 +100,9 @@ def choose_run(current: str | None, source: str, requested: str | None, new: boo
 
 
 def prepare(session: Session) -> None:
-    """Inside the lock: the run and the secrets on the VM, and the VM ready."""
+    """Before a pipeline starts: the secrets on the VM, and the VM ready (its startup script done)."""
     vm_spec = session.plan.spec.vm
-    changed, ready = session.vm.prepare(session.plan.run_name, session.secrets, vm_spec.startup_marker)
+    changed, ready = session.vm.prepare(session.secrets, vm_spec.startup_marker)
     for line in changed:
         console.print(f"{session.vm.name}: {line}")
     if not ready:

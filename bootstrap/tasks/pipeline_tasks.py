@@ -3,73 +3,79 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from datetime import datetime
 
 from fabric import task
 from rich.table import Table
 
 from ..errors import UserError
+from ..gke import driving as gke_driving
 from ..jobs.load import SETUP
 from ..results import runs
-from ..results.publish import publish_after_train
-from ..vm.progress import eval_table
-from ..vm.scheduler import Session, owner, run_jobs
+from ..results.publish import durable_jobs, report
+from ..vm import pipeline
+from ..vm.machine import Vm
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
+DETACH_HELP = "return as soon as the pipeline runs on the VM (watch it later with the same command, or fab status)"
 
 
-def _run(c, arg, run_name, only: list[str] | None, new_run=False, after: Callable[[Session], None] = lambda s: None):
-    """Bring the selected jobs (all by default) to done, and then `after`, while holding the VM's lock."""
+def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False) -> None:
+    """Bring the selected jobs (all by default, and then the durable copies) to done on the VM."""
     session = open_session(c, arg or [], run_name, new_run)
-    with session.vm.lock(owner()):
-        prepare(session)
-        names = session.plan.names if only is None else [n for n in session.plan.names if n in (SETUP, *only)]
-        if not names:  # `fab setup` on gke: the image is the environment
-            raise UserError(f"{session.vm.name} has no {', '.join(only)} job: the gke backend runs a prebuilt image")
-        run_jobs(session, [session.plan.job(name) for name in names])
-        if session.record.evals:
-            console.print(eval_table(session.record.evals))
-        after(session)
+    plan = session.plan
+    names = plan.names if only is None else [n for n in plan.names if n in (SETUP, *only)]
+    if not names:  # `fab setup` on gke: the image is the environment
+        raise UserError(f"{session.vm.name} has no {', '.join(only)} job: the gke backend runs a prebuilt image")
+    durable = durable_jobs(plan, session.stack) if only is None else []
+    jobs = [plan.job(name) for name in names] + durable
+    if isinstance(session.vm, Vm):
+        pipeline.run(session, jobs, task, detach, prepare)
+    else:
+        gke_driving.run(session, jobs, detach, prepare)
+    if detach:
+        return
+    if only is None:
+        report(plan, durable, console.print)
+        console.print(
+            f"run {plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
+        )
 
 
 @task(iterable=["arg"], help={"arg": ARG_HELP})
 @reports_errors
 def setup(c, arg=None):
     """Build the MaxText environment on the VM (a no-op in seconds when the spec is unchanged)."""
-    _run(c, arg, None, only=[SETUP])
+    _run(c, arg, None, "setup", only=[SETUP])
 
 
 @task(
     iterable=["arg"],
-    help={**RUN_OPTIONS, "new_run": "start a new run with a fresh name instead of continuing the current one"},
+    help={
+        **RUN_OPTIONS,
+        "new_run": "start a new run with a fresh name instead of continuing the current one",
+        "detach": DETACH_HELP,
+    },
 )
 @reports_errors
-def train(c, arg=None, run_name=None, new_run=False):
-    """Set up the VM, then prefetch + convert -> train -> export; safe to interrupt and run again."""
-    _run(c, arg, run_name, None, new_run, after=_finish_train)
-
-
-def _finish_train(session: Session) -> None:
-    publish_after_train(session)
-    console.print(
-        f"run {session.plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
-    )
+def train(c, arg=None, run_name=None, new_run=False, detach=False):
+    """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
+    _run(c, arg, run_name, "train", None, new_run, detach)
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)
 @reports_errors
 def convert(c, arg=None, run_name=None):
     """Run only the convert job (Hugging Face -> MaxText checkpoint); prefetch must be done."""
-    _run(c, arg, run_name, ["convert"])
+    _run(c, arg, run_name, "convert", ["convert"])
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)
 @reports_errors
 def export(c, arg=None, run_name=None):
     """Run only the export job (last checkpoint -> Hugging Face format); train must be done."""
-    _run(c, arg, run_name, ["export"])
+    _run(c, arg, run_name, "export", ["export"])
 
 
 def _clock(ts):
@@ -79,8 +85,10 @@ def _clock(ts):
 @task(iterable=["arg"], help=RUN_OPTIONS)
 @reports_errors
 def status(c, arg=None, run_name=None):
-    """Show each job of the run: state, start, duration, outputs."""
+    """Show the VM's pipeline (running, done or failed, since when, autostop) and each job of the run."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
+    for line in pipeline.status_lines(getattr(session.vm, "pipeline", None)):
+        console.print(line, markup=False, highlight=False)
     table = Table(title=f"run {session.plan.run_name} on {session.vm.name}")
     for column in ("job", "state", "started", "duration", "outputs"):
         table.add_column(column)

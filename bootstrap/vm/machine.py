@@ -1,10 +1,10 @@
 """The VM as fab sees it: a narrow interface over one SSH connection.
 
-prepare, launch, states, follow and lock are all a command needs; each is one call
-to the VM-side runner (bootstrap/remote/jobrunner.py), which owns the protocol.
-Commands run on raw SSH channels (one round trip each, output read in full only for
-short commands; a followed log streams in chunks, so memory stays bounded). Once the
-VM's lock is lost, every call refuses: fab never acts on the VM without it.
+install, prepare, drive, states and follow are all a command needs; each is one call
+to the VM's side (bootstrap/remote/: jobrunner.py owns the job protocol, driver.py the
+pipeline), which goes on without fab. Commands run on raw SSH channels (one round trip
+each, output read in full only for short commands; a followed log or a pipeline's
+events stream in chunks, so memory stays bounded).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import shlex
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +24,6 @@ from fabric import Connection
 from rich.console import Console
 
 from ..errors import UserError
-from ..jobs.plan import PlannedJob
 from ..remote import jobrunner, manifest
 from ..remote.jobrunner import JobState, Layout
 from .output import Cleaner, lines
@@ -33,6 +31,8 @@ from .output import Cleaner, lines
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
 TOOLS = (
     "jobrunner.py",
+    "driver.py",
+    "evals.py",
     "maxtext_check.py",
     "maxtext_run.py",
     "hub_upload.py",
@@ -43,18 +43,20 @@ TOOLS = (
 CHUNK = 64 * 1024
 IDLE_SECONDS = 5
 COMMAND_TIMEOUT_SECONDS = 120
-LOCK_PING_SECONDS = 10
-LOCK_LOST_SECONDS = 45  # well before the VM side lets go (jobrunner.LOCK_SILENCE_SECONDS)
 STARTUP_WAIT_SECONDS = 30 * 60
 
 
-def _current_run(listing: str) -> str | None:
-    line = next((line for line in listing.splitlines() if line.startswith("current-run")), "")
-    return line.removeprefix("current-run").strip() or None
+def _pipeline(text: str | None) -> dict | None:
+    try:
+        return json.loads(text) if text else None
+    except json.JSONDecodeError:
+        return None
 
 
-class LockLost(UserError):
-    """The VM's lock went with the connection: stop before doing anything unlocked."""
+def _field(listing: str, name: str) -> str | None:
+    """The value of the `name VALUE` line of a listing."""
+    line = next((line for line in listing.splitlines() if line.startswith(f"{name} ")), "")
+    return line.removeprefix(f"{name} ").strip() or None
 
 
 class ConnectionLost(UserError):
@@ -74,6 +76,19 @@ class JobStatus:
     outputs: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
 
+    def to_json(self) -> dict:
+        """As jobrunner.job_state writes it."""
+        return {
+            "state": self.state.value,
+            "log": self.log,
+            "started": self.started,
+            "finished": self.finished,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "outputs": self.outputs,
+            "missing": self.missing,
+        }
+
     @classmethod
     def from_json(cls, data: dict) -> JobStatus:
         return cls(
@@ -88,50 +103,6 @@ class JobStatus:
         )
 
 
-class Lock:
-    """The VM's lock, held by a runner process on the VM for as long as its channel lives.
-
-    A thread pings it and reads its answers; if the channel closes or no answer comes
-    for LOCK_LOST_SECONDS, `lost` is set and every further VM call raises LockLost.
-    """
-
-    def __init__(
-        self, channel: paramiko.Channel, ping: float = LOCK_PING_SECONDS, lost_after: float = LOCK_LOST_SECONDS
-    ):
-        self.channel = channel
-        self.lost = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(ping, lost_after), daemon=True)
-        self._thread.start()
-
-    def _watch(self, ping: float, lost_after: float) -> None:
-        last_answer = time.monotonic()
-        self.channel.settimeout(ping)
-        while not self._stop.is_set():
-            try:
-                self.channel.sendall(b"\n")
-                data = self.channel.recv(1024)
-                if not data:
-                    break
-                last_answer = time.monotonic()
-                self._stop.wait(ping)
-            except TimeoutError:
-                if time.monotonic() - last_answer > lost_after:
-                    break
-            except (OSError, EOFError, paramiko.SSHException):
-                break
-        if not self._stop.is_set():
-            self.lost.set()
-
-    def release(self) -> None:
-        self._stop.set()
-        try:
-            self.channel.shutdown_write()
-            self.channel.close()
-        except (OSError, EOFError, paramiko.SSHException):
-            pass
-
-
 class Vm:
     """One VM over one SSH connection, in tpu-rl's terms."""
 
@@ -139,7 +110,7 @@ class Vm:
         self.conn = conn
         self.layout = layout
         self.clean = cleaner or Cleaner()
-        self.held: Lock | None = None
+        self.pipeline: dict | None = None  # the VM's pipeline as `install` found it (driver.py's record)
 
     @property
     def name(self) -> str:
@@ -147,22 +118,12 @@ class Vm:
 
     # --- plumbing ---------------------------------------------------------------------------
 
-    def check_lock(self) -> None:
-        if self.held is not None and self.held.lost.is_set():
-            raise LockLost(
-                f"lost the VM's lock: the connection to {self.name} dropped or went silent. The jobs on the VM go on; "
-                "run fab train again to re-attach"
-            )
-
     @contextmanager
     def _io(self) -> Iterator[None]:
-        """Turn a broken connection into one line (or LockLost, when that is what happened)."""
+        """Turn a broken connection into one line."""
         try:
             yield
         except (OSError, EOFError, paramiko.SSHException) as err:
-            if self.held is not None:  # the lock lived on this connection: it is gone with it
-                self.held.lost.set()
-            self.check_lock()
             raise ConnectionLost(
                 f"lost the connection to {self.name} ({err or type(err).__name__}). Anything started on the VM goes on; "
                 "run the same command again"
@@ -183,7 +144,6 @@ class Vm:
             ) from None
 
     def _open(self, command: str, timeout: float) -> paramiko.Channel:
-        self.check_lock()
         with self._io():
             transport = self.conn.client.get_transport() if self.conn.is_connected else None
             if transport is None or not transport.is_active():
@@ -216,36 +176,47 @@ class Vm:
             raise UserError(f"{self.name}: {what} failed (exit {code}): {self.clean(err.strip()[-500:])}")
         return out
 
-    def runner(self, *args: str) -> str:
-        """A jobrunner.py subcommand, run by the VM's system python3."""
-        return shlex.join(["python3", self.layout.tool("jobrunner.py"), *args])
+    def runner(self, *args: str, tool: str = "jobrunner.py") -> str:
+        """A subcommand of one of tpu-rl's tools on the VM (jobrunner.py by default), run by its system python3."""
+        return shlex.join(["python3", self.layout.tool(tool), *args])
 
     # --- the interface ------------------------------------------------------------------------
 
     def install(self) -> str | None:
-        """One round trip: the private state folder, and tpu-rl's tools put only when they changed.
+        """One round trip: the private state folder, tpu-rl's tools put only when they changed, and the
+        pipeline woken (a fab command is here: autostop waits again, a driver that died starts again).
 
-        Returns the VM's current run (the one later commands continue), if any.
+        Returns the VM's current run (the one later commands continue), if any; keeps the pipeline's state.
         """
         q = shlex.quote
         root, bin_dir = self.layout.root, self.layout.bin
+        wake = f"echo pipeline $({self.wake_command()} 2>/dev/null)"
         out = self.check(
             f"mkdir -p {q(bin_dir)} {q(self.layout.secrets)} && chmod 700 {q(root)} {q(self.layout.secrets)}"
             f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
-            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); true)",
+            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); {wake}; true)",
             "preparing the state folder",
         )
         fields = {line.split()[1]: line.split()[0] for line in out.splitlines() if len(line.split()) == 2}
-        sftp = self._sftp()
-        for tool in TOOLS:
-            local = REMOTE_SCRIPTS / tool
-            if fields.get(tool) != hashlib.sha256(local.read_bytes()).hexdigest():
+        changed = [
+            tool
+            for tool in TOOLS
+            if fields.get(tool) != hashlib.sha256((REMOTE_SCRIPTS / tool).read_bytes()).hexdigest()
+        ]
+        if changed:
+            sftp = self._sftp()
+            for tool in changed:
                 with self._io():
-                    sftp.put(str(local), self._sftp_path(f"{bin_dir}/{tool}"))
-        return _current_run(out)
+                    sftp.put(str(REMOTE_SCRIPTS / tool), self._sftp_path(f"{bin_dir}/{tool}"))
+            out = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
+        self.pipeline = _pipeline(_field(out, "pipeline"))
+        return _field(out, "current-run")
 
-    def prepare(self, run_name: str, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
-        """Inside the lock, one round trip: record the run, compare the secrets, ask whether the VM is ready.
+    def wake_command(self) -> str:
+        return self.runner("wake", self.layout.root, tool="driver.py")
+
+    def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
+        """One round trip: compare the secrets, ask whether the VM is ready.
 
         Returns what changed (one line each) and whether the startup script has finished.
         Secrets travel inside the SFTP stream, never on a command line.
@@ -253,7 +224,7 @@ class Vm:
         q = shlex.quote
         paths = {name: f"{self.layout.secrets}/{name}" for name in secrets}
         out = self.check(
-            f"{self.runner('prepare', self.layout.root, run_name)} && (cd && sha256sum {' '.join(map(q, paths.values()))}"
+            f"{self.runner('prepare', self.layout.root)} && (cd && sha256sum {' '.join(map(q, paths.values()))}"
             f" 2>/dev/null; test -f {q(startup_marker)} && echo startup done; true)",
             "preparing the VM",
         )
@@ -277,14 +248,6 @@ class Vm:
         """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""
         return path[2:] if path.startswith("~/") else path
 
-    def launch(self, job: PlannedJob) -> JobStatus:
-        """Start a job detached; returns once the runner has recorded it (or raises with its error)."""
-        spec = json.dumps(dict(job.runner_spec), indent=1).encode()
-        code, out, err = self.execute(self.runner("launch", job.job_dir), stdin=spec)
-        if code != 0:
-            raise UserError(f"{job.name}: could not start on {self.name}: {self.clean(err.strip()[-1500:])}")
-        return JobStatus.from_json(json.loads(out))
-
     def states(self, job_dirs: list[str]) -> list[JobStatus]:
         out = self.check(self.runner("status", *job_dirs), "reading job state")
         return [JobStatus.from_json(item) for item in json.loads(out)]
@@ -294,45 +257,58 @@ class Vm:
     ) -> None:
         """Hand each log line (cleaned) to `on_line` until the job is no longer running."""
         channel = self._open(self.runner("follow", job_dir, *(["--tail"] if tail else [])), IDLE_SECONDS)
-
-        def chunks() -> Iterator[bytes]:
-            while True:
-                with self._io():
-                    try:
-                        data = channel.recv(CHUNK)
-                    except TimeoutError:
-                        data = None
-                if data is None:  # quiet for IDLE_SECONDS: a heartbeat, and is the lock still held?
-                    self.check_lock()
-                    on_idle()
-                    continue
-                if not data:
-                    return
-                yield data
-
         try:
-            for line in lines(chunks()):
+            for line in lines(self._chunks(channel, on_idle)):
                 on_line(self.clean(line))
         finally:
             channel.close()
-        self.check_lock()
 
-    @contextmanager
-    def lock(self, owner: str) -> Iterator[Lock]:
-        """Hold the VM's lock: one fab command at a time drives the VM."""
-        channel = self._open(self.runner("lock", self.layout.root, owner), COMMAND_TIMEOUT_SECONDS)
-        with self._io():
-            answer = channel.makefile("rb").readline().decode().strip()
-        if answer != "locked":
-            channel.close()
-            holder = answer.removeprefix("busy: ") or "unknown"
-            raise UserError(f"{self.name}: another fab command holds the VM ({holder}); wait for it or stop it first")
-        self.held = Lock(channel)
+    def _chunks(self, channel: paramiko.Channel, on_idle: Callable[[], None]) -> Iterator[bytes]:
+        """What a streaming command writes, as it comes; `on_idle` whenever it was quiet for IDLE_SECONDS."""
+        while True:
+            with self._io():
+                try:
+                    data = channel.recv(CHUNK)
+                except TimeoutError:
+                    on_idle()
+                    continue
+            if not data:  # the end, or the connection gone: a channel closed without an exit status
+                if channel.status_event.wait(IDLE_SECONDS) and channel.exit_status == -1:
+                    with self._io():
+                        raise EOFError("the SSH channel closed before the command's exit status came")
+                return
+            yield data
+
+    def drive(
+        self, plan: dict | None, follow: bool = True, on_idle: Callable[[], None] = lambda: None
+    ) -> Iterator[dict]:
+        """Hand the pipeline `plan` to the VM's driver (or, with None, watch the one that runs).
+
+        Yields the driver's answer first ({"started"|"attached"|"busy": its record}), then, with
+        `follow`, the pipeline's events and its jobs' log lines (cleaned) until the pipeline ends.
+        """
+        if plan is None:
+            command = self.runner("follow", self.layout.root, tool="driver.py")
+        else:
+            command = self.runner("start", self.layout.root, *(["--follow"] if follow else []), tool="driver.py")
+        channel = self._open(command, IDLE_SECONDS)
         try:
-            yield self.held
+            if plan is not None:
+                with self._io():
+                    channel.sendall(json.dumps(plan).encode())
+                    channel.shutdown_write()
+            for line in lines(self._chunks(channel, on_idle)):
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError:
+                    raise UserError(f"{self.name}: the pipeline driver said: {self.clean(line)[:500]}") from None
+                if "line" in item:
+                    item["line"] = self.clean(item["line"])
+                yield item
+            if plan is not None and not follow:
+                return
         finally:
-            self.held.release()
-            self.held = None
+            channel.close()
 
     # --- reading results ------------------------------------------------------------------------
 

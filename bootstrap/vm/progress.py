@@ -17,12 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-EVAL = re.compile(
-    r"(?P<phase>Pre RL Training|Intermediate Eval \(step=(?P<step>\d+)\)|Post RL Training): "
-    r"corr=(?P<corr>\d+), total=(?P<total>\d+), accuracy=(?P<accuracy>[\d.]+)%, "
-    r"partial_accuracy=(?P<partial_accuracy>[\d.]+)%, format_accuracy=(?P<format_accuracy>[\d.]+)%, "
-    r"mean_reward=(?P<mean_reward>-?[\d.]+)"
-)
+from ..remote import evals
+
 WEIGHTS = re.compile(r"Transforming weights:.*?(\d+)/(\d+)")
 STEP = re.compile(r"Train step (\d+) training loss: (\S+)")
 SETUP_STEP = re.compile(r"^==> (.*)")
@@ -47,14 +43,8 @@ class Update:
 
 
 def parse(line: str, total_steps: int | None = None) -> Update | None:
-    if m := EVAL.search(line):
-        values = {k: float(v) for k, v in m.groupdict().items() if k not in ("phase", "step") and v is not None}
-        phase = "pre" if m["phase"].startswith("Pre") else "post" if m["phase"].startswith("Post") else "intermediate"
-        return Update(
-            "eval",
-            ABSL_PREFIX.sub("", line.strip()),
-            eval={"phase": phase, "step": int(m["step"]) if m["step"] else None, **values},
-        )
+    if (found := evals.parse(line)) is not None:
+        return Update("eval", ABSL_PREFIX.sub("", line.strip()), eval=found)
     if m := WEIGHTS.search(line):
         return Update("count", "transforming weights", done=int(m[1]), total=int(m[2]))
     if m := STEP.search(line):
@@ -66,17 +56,13 @@ def parse(line: str, total_steps: int | None = None) -> Update | None:
     return None
 
 
-def eval_label(e: dict) -> str:
-    return {"pre": "before training", "post": "after training"}.get(e["phase"], f"step {e['step']}")
-
-
-def eval_table(evals: list[dict]) -> Table:
+def eval_table(results: list[dict]) -> Table:
     table = Table(title="GSM8K evaluation")
     for column in ("when", "accuracy %", "format accuracy %", "partial accuracy %", "mean reward", "correct"):
         table.add_column(column, justify="right" if column != "when" else "left")
-    for e in evals:
+    for e in results:
         table.add_row(
-            eval_label(e),
+            evals.label(e),
             f"{e['accuracy']:.2f}",
             f"{e['format_accuracy']:.2f}",
             f"{e['partial_accuracy']:.2f}",
@@ -84,13 +70,6 @@ def eval_table(evals: list[dict]) -> Table:
             f"{e['corr']:.0f}/{e['total']:.0f}",
         )
     return table
-
-
-def final_evals(evals: list[dict], total_steps: int | None) -> list[dict]:
-    """The evals to report: the trainer also evaluates at its last step just before the Post eval,
-    so an intermediate eval at the final step counts the Post one twice and is left out."""
-    has_post = any(e["phase"] == "post" for e in evals)
-    return [e for e in evals if not (has_post and e["phase"] == "intermediate" and e["step"] == total_steps)]
 
 
 class Board:
@@ -140,7 +119,7 @@ class JobProgress:
 
     @property
     def evals(self) -> list[dict]:
-        return final_evals(self.collected, self.total_steps)
+        return evals.final(self.collected, self.total_steps)
 
     def feed(self, line: str) -> None:
         update = parse(line, self.total_steps)
@@ -167,10 +146,7 @@ class JobProgress:
                 )
             return
         if update.kind == "eval":
-            self.collected = [
-                e for e in self.collected if (e["phase"], e["step"]) != (update.eval["phase"], update.eval["step"])
-            ]
-            self.collected.append(update.eval)
+            self.collected = evals.collect(self.collected, update.eval)
         if update.kind == "phase":
             self.phase, self.count, self.count_started = update.text, None, None
             if self.bars:

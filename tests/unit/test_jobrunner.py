@@ -1,4 +1,4 @@
-"""The VM-side runner's pieces that need no SSH: outputs, steps, TensorBoard steps, preflight."""
+"""The VM-side runner's pieces that need no SSH: outputs, steps, inputs, preflight, redaction."""
 
 from __future__ import annotations
 
@@ -137,45 +137,17 @@ def test_run_marks_done_only_after_outputs_exist(tmp_path):
     assert jobrunner.job_state(str(tmp_path))["state"] == "lost"
 
 
-def lock_holder(tmp_path, *extra: str) -> subprocess.Popen:
-    holder = subprocess.Popen(
-        [sys.executable, jobrunner.__file__, "lock", str(tmp_path), "me@laptop pid 1", *extra],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout.readline() == "locked\n"
-    return holder
-
-
-def test_lock_refuses_a_second_holder_and_names_the_first(tmp_path):
-    first = lock_holder(tmp_path)
-    second = subprocess.run(
-        [sys.executable, jobrunner.__file__, "lock", str(tmp_path), "other"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
-    assert (second.returncode, second.stdout) == (75, "busy: me@laptop pid 1\n")
-    first.stdin.close()  # the SSH channel closes: the lock is free again
-    assert first.wait(timeout=10) == 0
-    lock_holder(tmp_path).kill()
-
-
-def test_lock_answers_pings_and_lets_go_when_the_owner_goes_silent(tmp_path):
-    holder = subprocess.Popen(
-        [sys.executable, "-c", f"import sys; sys.argv[1:] = ['lock', {str(tmp_path)!r}, 'me']; "
-         f"from bootstrap.remote import jobrunner; sys.exit(jobrunner.hold_lock({str(tmp_path)!r}, 'me', 1))"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=jobrunner.__file__.rsplit("/bootstrap/", 1)[0],
-    )  # fmt: skip
-    assert holder.stdout.readline() == "locked\n"
-    holder.stdin.write("\n")  # a ping keeps it, and is answered
-    holder.stdin.flush()
-    assert holder.stdout.readline() == "ok\n"
-    started = time.monotonic()
-    assert holder.wait(timeout=10) == 0  # then a silent owner (stdin still open) loses it
-    assert time.monotonic() - started < 5
-    holder.stdin.close()
+def test_a_job_done_for_inputs_that_changed_is_stale(tmp_path):
+    """A copy of an export is done only for that export: a new SHA256SUMS makes it run again."""
+    sums, marker = tmp_path / "SHA256SUMS", tmp_path / "copied.json"
+    sums.write_text("aaaa  model.safetensors\n")
+    spec = {"name": "copy", "argv": ["touch", str(marker)], "env": {}, "outputs": [str(marker)], "inputs": [str(sums)]}
+    (tmp_path / "spec.json").write_text(json.dumps({**spec, "secrets": [], "cwd": str(tmp_path)}))
+    assert jobrunner._Job(str(tmp_path)).run() == 0
+    assert jobrunner.job_state(str(tmp_path))["state"] == "done"
+    sums.write_text("bbbb  model.safetensors\n")  # exported again: other weights
+    state = jobrunner.job_state(str(tmp_path))
+    assert (state["state"], state["error"]) == ("stale", f"{sums} changed")
 
 
 def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch):
@@ -189,13 +161,13 @@ def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch
     }
     (tmp_path / "spec.json").write_text(json.dumps({**spec, "secrets": [], "cwd": str(tmp_path)}))
     seen = []
-    write = jobrunner._write_json
+    write = jobrunner.write_json
 
     def spying_write(path, data):
         write(path, data)
         seen.append(jobrunner.job_state(str(tmp_path))["state"])  # what a concurrent `status` would say now
 
-    monkeypatch.setattr(jobrunner, "_write_json", spying_write)
+    monkeypatch.setattr(jobrunner, "write_json", spying_write)
     assert jobrunner._Job(str(tmp_path)).run() == 0
     assert "failed" not in seen and seen[-1] == "done"
 

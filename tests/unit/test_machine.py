@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
 
-from bootstrap.jobs.plan import PlannedJob, runner_spec
 from bootstrap.remote.jobrunner import Layout
 from bootstrap.vm import machine
 
 
 class ClosedChannel:
     """A channel whose connection went during the round trip: no output, no exit status (paramiko's -1)."""
+
+    status_event = threading.Event()
+    status_event.set()
+    exit_status = -1
 
     def sendall(self, data):
         pass
@@ -25,6 +29,9 @@ class ClosedChannel:
 
     makefile_stderr = makefile
 
+    def recv(self, size):
+        return b""
+
     def recv_exit_status(self):
         return -1
 
@@ -32,14 +39,20 @@ class ClosedChannel:
         pass
 
 
-def test_a_connection_that_drops_during_launch_is_the_connection_lost_not_a_failed_start(monkeypatch):
-    """Was read as `train: could not start on HOST: ` (empty reason): the job may well be running."""
+def vm_on(channel, monkeypatch) -> machine.Vm:
     vm = machine.Vm(SimpleNamespace(host="vm"), Layout("tpu-rl"))
-    monkeypatch.setattr(vm, "_open", lambda command, timeout: ClosedChannel())
-    layout = Layout("tpu-rl")
-    job = PlannedJob("train", "tpu-rl/runs/r/train", runner_spec(layout, "train", ["true"], ["out"]))
+    monkeypatch.setattr(vm, "_open", lambda command, timeout: channel)
+    return vm
+
+
+def test_a_connection_that_drops_during_a_command_is_the_connection_lost_not_its_failure(monkeypatch):
+    """Was read as `train: could not start on HOST: ` (empty reason): the job may well be running."""
+    vm = vm_on(ClosedChannel(), monkeypatch)
     with pytest.raises(machine.ConnectionLost, match="lost the connection to vm .*Anything started on the VM goes on"):
-        vm.launch(job)
-    vm.held = SimpleNamespace(lost=machine.threading.Event())  # while the lock lived on this connection
-    with pytest.raises(machine.LockLost, match="lost the VM's lock"):
-        vm.launch(job)
+        vm.states(["tpu-rl/runs/r/train"])
+
+
+def test_a_pipeline_stream_that_drops_is_the_connection_lost_not_its_end(monkeypatch):
+    vm = vm_on(ClosedChannel(), monkeypatch)
+    with pytest.raises(machine.ConnectionLost):
+        list(vm.drive({"digest": "x"}))

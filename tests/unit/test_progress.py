@@ -5,8 +5,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from bootstrap.remote.evals import final as final_evals
 from bootstrap.vm.output import Cleaner, lines
-from bootstrap.vm.progress import Board, JobProgress, eval_table, final_evals, parse
+from bootstrap.vm.progress import Board, JobProgress, eval_table, parse
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 PRE = "W1130 21:04:06.730518 140248714398592 train_rl.py:716] Pre RL Training: corr=0, total=2, accuracy=0.0%, partial_accuracy=0.0%, format_accuracy=0.0%, mean_reward=0.0000"

@@ -1,0 +1,514 @@
+"""The VM side's pipeline driver: brings every job of a plan to done on the VM, laptop or not.
+
+Copied to the VM beside jobrunner.py and run by its system python3 (standard library only).
+fab sends it the plan it has rendered and checked: data, each job's folder, runner spec
+and needs, never code to render again. From then on the pipeline belongs to the VM: a job
+starts as soon as its needs are done (independent jobs side by side), is done only by its
+own verdict (jobrunner: exit 0 and outputs present), a running job is adopted, never
+started twice, and a failed job stops its dependants. One driver runs at a time; it holds
+the VM's lock for the whole pipeline. When every job is done and no fab command came for
+the plan's autostop time, it shuts the VM down.
+
+    start STATE_DIR [--follow]   the plan JSON on stdin: start a driver for it, or attach to the one
+                                 running it (exit 75 and the running plan while another one runs);
+                                 with --follow, then stream as `follow` does
+    follow STATE_DIR             the pipeline's events and its started jobs' log lines (secrets
+                                 redacted) as JSON lines, until the pipeline has ended
+    wake STATE_DIR               a fab command is here: restart a driver that died mid-pipeline,
+                                 put autostop back; print the pipeline's state as JSON
+    run STATE_DIR                the driver itself (started by start)
+
+The files of the pipeline folder (Layout.pipeline): plan.json (the plan being driven),
+driver.json (the driver's pid and the pipeline's state), events.jsonl (what the driver did,
+one JSON object a line), seen (touched by every fab command and watcher: autostop's clock).
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+try:
+    from . import jobrunner  # on the laptop: bootstrap.remote.driver
+except ImportError:
+    import jobrunner  # on the VM: beside this script in the tools folder
+
+JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
+read_json, write_json = jobrunner.read_json, jobrunner.write_json
+PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR = (
+    "plan.json",
+    "driver.json",
+    "events.jsonl",
+    "seen",
+    "start.lock",
+    "driver.err",
+)
+POLL_SECONDS = 0.1  # a finished job is noticed, and its dependants started, within this
+SEEN_EVERY_SECONDS = 10  # a watcher marks itself seen this often
+START_WAIT_SECONDS = 60
+LINE_END = re.compile(rb"\r\n|\r|\n")
+MAX_LINE = 64 * 1024
+BUSY = 75
+
+
+class PipelineState(str, enum.Enum):
+    """Where the pipeline stands, as driver.json records it."""
+
+    RUNNING = "running"
+    """The driver is bringing jobs to done."""
+    DONE = "done"
+    """Every job is done (the driver may still wait to shut the VM down)."""
+    FAILED = "failed"
+    """A job failed (or a preflight check did); what did not need it ran on."""
+    INTERRUPTED = "interrupted"
+    """The driver died before the pipeline ended; the next fab command restarts it."""
+
+
+class Action(enum.Enum):
+    """What to do with a job, given its state on the VM."""
+
+    SKIP = "skip"
+    """Done, outputs present: nothing to do."""
+    ATTACH = "attach"
+    """Running (perhaps started before a driver or fab went away): follow it."""
+    START = "start"
+    """Never run, failed, interrupted, stale, or its outputs are gone: (re)start it."""
+
+
+def decide(name: str, state: dict) -> tuple[Action, str]:
+    """The decision table: one action and one line for the user per job state."""
+    job_state = JobState(state["state"])
+    if job_state is JobState.DONE:
+        return Action.SKIP, f"{name}: done already (finished {clock(state.get('finished'))}, outputs present), skipping"
+    if job_state is JobState.RUNNING:
+        return Action.ATTACH, f"{name}: already running since {clock(state.get('started'))}, re-attaching"
+    if job_state is JobState.LOST:
+        return Action.START, f"{name}: was done but its outputs are gone (VM restarted?), running it again"
+    if job_state is JobState.STALE:
+        return (
+            Action.START,
+            f"{name}: was done for inputs that have changed since ({state.get('error')}), running it again",
+        )
+    if job_state is JobState.FAILED:
+        return Action.START, f"{name}: last attempt failed ({state.get('error') or 'see its log'}), retrying"
+    if job_state is JobState.INTERRUPTED:
+        return Action.START, f"{name}: last attempt was interrupted, starting it again"
+    return Action.START, f"{name}: starting"
+
+
+def clock(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "?"
+
+
+class Graph:
+    """The pipeline's decisions, from job states alone: what starts, what is adopted, what is blocked.
+
+    `state_of`, `launch` and `preflight` are the VM (or fakes, in tests); every change is
+    handed to `emit` as an event. A job marked `"start": false` is only needed: it must be
+    done already, or its dependants are blocked (fab convert before fab train).
+    """
+
+    def __init__(self, jobs: list[dict], state_of: Callable, launch: Callable, preflight: Callable, emit: Callable):
+        self.jobs = {job["name"]: job for job in jobs}
+        self.state_of, self.launch, self.preflight, self.emit = state_of, launch, preflight, emit
+        self.done: set[str] = set()
+        self.failed: dict[str, str] = {}  # job -> why (its own error, or the need that failed)
+        self.running: set[str] = set()
+        self.relaunched: set[str] = set()
+        self.preflight_ok = False
+
+    def step(self) -> bool:
+        """One look at every job: start what is ready, notice what ended. False once nothing is left to do."""
+        self._start_ready()
+        for name in sorted(self.running):
+            self._check(name)
+        self._start_ready()
+        return bool(self.running)
+
+    @property
+    def outcome(self) -> PipelineState:
+        return PipelineState.DONE if not self.failed else PipelineState.FAILED
+
+    def _ready(self) -> list[dict]:
+        decided = self.done | set(self.failed) | self.running
+        return [
+            job
+            for name, job in self.jobs.items()
+            if name not in decided and (not job.get("start", True) or all(n in self.done for n in job["needs"]))
+        ]  # a job only needed is looked at first: its own needs are not in the plan
+
+    def _start_ready(self) -> None:
+        self._block_dependants()
+        while ready := self._ready():
+            for job in ready:
+                self._decide(job)
+            self._block_dependants()
+
+    def _block_dependants(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for name, job in self.jobs.items():
+                bad = next((n for n in job["needs"] if n in self.failed), None)
+                if bad and name not in self.failed and name not in self.running and name not in self.done:
+                    self.failed[name] = f"needs {bad}, which failed"
+                    self.emit({"event": "blocked", "job": name, "needs": bad})
+                    changed = True
+
+    def _decide(self, job: dict) -> None:
+        name, state = job["name"], self.state_of(job)
+        action, message = decide(name, state)
+        if not job.get("start", True) and action is not Action.SKIP:
+            self.failed[name] = f"{name} is {state['state']}"
+            self.emit({"event": "needed", "job": name, "state": state})
+            return
+        if action is Action.SKIP:
+            self.done.add(name)
+        elif action is Action.START and job.get("uses_tpu") and not self._preflight():
+            self.failed[name] = "the VM's preflight failed"
+            return
+        else:
+            self.launch(job)
+            self.running.add(name)
+        self.emit({"event": "decide", "job": name, "action": action.value, "message": message, "state": state})
+
+    def _preflight(self) -> bool:
+        """The VM's own check (chips, memory, TPU free), once, just before the first TPU job starts."""
+        if not self.preflight_ok:
+            checks = self.preflight()
+            self.preflight_ok = all(c["ok"] for c in checks)
+            self.emit({"event": "preflight", "ok": self.preflight_ok, "checks": checks})
+        return self.preflight_ok
+
+    def _check(self, name: str) -> None:
+        job = self.jobs[name]
+        state = self.state_of(job)
+        job_state = JobState(state["state"])
+        if job_state is JobState.RUNNING:
+            return
+        if job_state is JobState.INTERRUPTED and name not in self.relaunched:
+            self.relaunched.add(name)  # its runner died: a new one adopts the process or its exit code
+            self.launch(job)
+            self.emit({"event": "relaunch", "job": name})
+            return
+        self.running.discard(name)
+        if job_state is JobState.DONE:
+            self.done.add(name)
+        else:
+            self.failed[name] = state.get("error") or job_state.value
+        self.emit({"event": "end", "job": name, "state": state})
+
+
+# --- the driver process -------------------------------------------------------------------------
+
+
+def _folder(layout: Layout) -> str:
+    os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
+    return layout.pipeline
+
+
+def _path(layout: Layout, name: str) -> str:
+    return os.path.join(layout.pipeline, name)
+
+
+def info(layout: Layout) -> dict | None:
+    """The pipeline's state as its driver last wrote it; a dead driver's running pipeline is interrupted."""
+    record = read_json(_path(layout, DRIVER))
+    if record and record["state"] == PipelineState.RUNNING.value and not alive(record):
+        record["state"] = PipelineState.INTERRUPTED.value
+    if record:
+        record["alive"] = alive(record)
+    return record
+
+
+class Driver:
+    """One pass over the plan, then autostop: the process `start` leaves running on the VM."""
+
+    def __init__(self, layout: Layout, plan: dict):
+        self.layout, self.plan = layout, plan
+        self.record = {
+            **identity(os.getpid()),
+            "digest": plan["digest"],
+            "run": plan["run"],
+            "hint": plan.get("hint", ""),
+            "started_by": plan.get("started_by", ""),
+            "jobs": [job["name"] for job in plan["jobs"]],
+            "state": PipelineState.RUNNING.value,
+            "since": time.time(),
+            "running": [],
+            "failed": {},
+            "autostop_at": None,
+            "autostop_idle": (plan.get("autostop") or {}).get("idle_seconds"),
+        }
+        self.graph = Graph(plan["jobs"], self._state_of, self._launch, self._preflight, self.emit)
+
+    def emit(self, event: dict) -> None:
+        with open(_path(self.layout, EVENTS), "a") as events:  # one whole line per write: a reader never sees half
+            events.write(json.dumps({"t": time.time(), **event}) + "\n")
+
+    def save(self, **changes) -> None:
+        self.record.update(changes, running=sorted(self.graph.running), failed=self.graph.failed)
+        write_json(_path(self.layout, DRIVER), self.record)
+
+    def _state_of(self, job: dict) -> dict:
+        return jobrunner.job_state(os.path.expanduser(job["job_dir"]))
+
+    def _launch(self, job: dict) -> None:
+        try:
+            jobrunner.launch(os.path.expanduser(job["job_dir"]), json.dumps(job["spec"]))
+        except RuntimeError as err:  # its runner did not start: the job's folder says failed
+            self.emit({"event": "note", "job": job["name"], "message": str(err)})
+        self.save()
+
+    def _preflight(self) -> list[dict]:
+        return jobrunner.preflight(self.plan["preflight"])
+
+    def run(self) -> int:
+        self.emit({"event": "pass", "run": self.plan["run"], "digest": self.plan["digest"]})
+        self.save()
+        while self.graph.step():
+            self.save()
+            time.sleep(POLL_SECONDS)
+        outcome = self.graph.outcome
+        self.save(state=outcome.value, since=time.time())
+        self.emit({"event": "finished", "state": outcome.value, "failed": self.graph.failed})
+        if outcome is PipelineState.DONE:
+            self.autostop()
+        return 0 if outcome is PipelineState.DONE else 1
+
+    def autostop(self) -> None:
+        """Shut the VM down once nothing has been seen for the plan's idle time (never with autostop off)."""
+        idle = (self.plan.get("autostop") or {}).get("idle_seconds")
+        if not idle:
+            return
+        finished = self.record["since"]
+        while True:
+            try:
+                seen = os.path.getmtime(_path(self.layout, SEEN))
+            except FileNotFoundError:
+                seen = 0
+            at = max(finished, seen) + idle
+            if at != self.record["autostop_at"]:
+                self.save(autostop_at=at)
+                self.emit({"event": "autostop", "at": at})
+            if time.time() >= at:
+                break
+            time.sleep(min(5, max(0.05, at - time.time())))
+        command = self.plan["autostop"]["command"]
+        self.emit({"event": "shutdown", "command": command})
+        result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        self.save(shutdown={"exit_code": result.returncode, "at": time.time(), "error": result.stderr.strip()[-500:]})
+
+
+def run(layout: Layout) -> int:
+    """The driver process: holds the VM's lock for the whole pipeline (and its autostop wait)."""
+    with open(layout.lock, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print("another driver holds the VM's lock", file=sys.stderr)
+            return BUSY
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # replaced by a new plan while waiting to autostop
+        plan = read_json(_path(layout, PLAN))
+        return Driver(layout, plan).run()
+
+
+def _spawn(layout: Layout) -> dict:
+    """Start the driver detached and return its record once it has written one."""
+    err_path = _path(layout, DRIVER_ERR)
+    with open(err_path, "ab") as err:
+        offset = err.tell()
+        process = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "run", layout.root],
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + START_WAIT_SECONDS
+    while True:
+        record = read_json(_path(layout, DRIVER))
+        if record and record.get("pid") == process.pid:
+            return record
+        if process.poll() is not None or time.monotonic() > deadline:
+            with open(err_path, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode(errors="replace").strip()
+            raise RuntimeError(f"the pipeline driver did not start: {text[-2000:] or 'no output'}")
+        time.sleep(0.01)
+
+
+def _stop(record: dict) -> None:
+    """End a driver whose pipeline is over (it only waits to autostop) so that a new plan can run."""
+    os.kill(record["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while alive(record) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
+    """Drive `plan`: attach to the driver running it, refuse while another one runs, else start one.
+
+    Returns the exit code and what to print: {"started"|"attached"|"busy": the pipeline's record}.
+    """
+    plan = json.loads(plan_text)
+    _folder(layout)
+    with open(_path(layout, START_LOCK), "a+") as serial:
+        fcntl.flock(serial, fcntl.LOCK_EX)  # one start at a time decides
+        touch_seen(layout)
+        current = info(layout)
+        if current and current["alive"]:
+            if current["state"] == PipelineState.RUNNING.value:
+                if current["digest"] == plan["digest"]:
+                    return 0, {"attached": current}
+                return BUSY, {"busy": current}
+            _stop(current)
+        write_json(_path(layout, PLAN), plan)
+        events = _path(layout, EVENTS)
+        if os.path.exists(events):
+            os.replace(events, f"{events}.previous")
+        jobrunner.record_run(layout, plan["run"])
+        return 0, {"started": _spawn(layout)}
+
+
+def wake(layout: Layout) -> dict | None:
+    """Every fab command: seen now (autostop waits again); a driver that died mid-pipeline starts again."""
+    if not os.path.isdir(layout.pipeline):
+        return None
+    with open(_path(layout, START_LOCK), "a+") as serial:
+        fcntl.flock(serial, fcntl.LOCK_EX)
+        touch_seen(layout)
+        current = info(layout)
+        if current and current["state"] == PipelineState.INTERRUPTED.value:
+            return {**_spawn(layout), "alive": True, "revived": True}
+        return current
+
+
+def touch_seen(layout: Layout) -> None:
+    with open(_path(layout, SEEN), "a"):
+        pass
+    os.utime(_path(layout, SEEN))
+
+
+class _Log:
+    """One followed job's log: read on from where it was, secrets redacted, cut into lines."""
+
+    def __init__(self, job_dir: str):
+        self.path = os.path.join(job_dir, jobrunner.LOG)
+        self.redactor = jobrunner.Redactor.of(job_dir)
+        self.position, self.pending, self.last_data = 0, b"", time.monotonic()
+
+    def lines(self, final: bool = False) -> Iterator[str]:
+        """Whole lines written since the last call (and the rest, when `final` or quiet for a second)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.position)
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        self.position += len(data)
+        if data:
+            self.last_data = time.monotonic()
+        quiet = time.monotonic() - self.last_data > jobrunner.QUIET_FLUSH_SECONDS
+        shown = self.redactor.feed(data) if data else b""
+        if final or (quiet and self.redactor.pending):
+            shown += self.redactor.feed(b"")
+        *complete, self.pending = LINE_END.split(self.pending + shown)
+        if final or len(self.pending) > MAX_LINE:
+            complete, self.pending = [*complete, self.pending] if self.pending else complete, b""
+        for line in complete:
+            yield line.decode(errors="replace")
+
+
+def follow(layout: Layout, out=None) -> int:
+    """Stream the pipeline's events, each followed job's log lines interleaved, until the pipeline ends.
+
+    A job's remaining lines come before its end event, so whoever reads sees its whole log
+    first. Ends after the `finished` event, or with a `driver-lost` event when the driver died.
+    """
+    out = out or sys.stdout
+    path, logs, position, last_seen = _path(layout, EVENTS), {}, 0, 0.0
+
+    def send(item: dict) -> None:
+        out.write(json.dumps(item) + "\n")
+
+    while True:
+        if time.monotonic() - last_seen > SEEN_EVERY_SECONDS:
+            touch_seen(layout)
+            last_seen = time.monotonic()
+        record = info(layout)
+        try:
+            with open(path) as f:
+                f.seek(position)
+                text = f.read()
+        except FileNotFoundError:
+            text = ""
+        if os.path.exists(path) and os.path.getsize(path) < position:  # another fab started a new pass
+            send({"event": "replaced", "record": record})
+            out.flush()
+            return 0
+        complete = text[: text.rfind("\n") + 1]
+        position += len(complete.encode())
+        for line in complete.splitlines():
+            event = json.loads(line)
+            job = event.get("job")
+            if event["event"] == "decide" and event["action"] != Action.SKIP.value:
+                job_dir = next(
+                    j["job_dir"] for j in (read_json(_path(layout, PLAN)) or {"jobs": []})["jobs"] if j["name"] == job
+                )
+                logs[job] = _Log(os.path.expanduser(job_dir))
+            if event["event"] == "end" and job in logs:
+                for text_line in logs.pop(job).lines(final=True):
+                    send({"job": job, "line": text_line})
+            send(event)
+            if event["event"] == "finished":
+                out.flush()
+                return 0
+        for job, log in logs.items():
+            for text_line in log.lines():
+                send({"job": job, "line": text_line})
+        out.flush()
+        if not complete and record and not record["alive"] and record["state"] == PipelineState.INTERRUPTED.value:
+            send({"event": "driver-lost", "record": record})
+            out.flush()
+            return 0
+        if not complete:
+            time.sleep(jobrunner.FOLLOW_POLL_SECONDS)
+
+
+def main(argv: list[str]) -> int:
+    os.umask(0o077)
+    command, args = (argv[0], argv[1:]) if argv else ("help", [])
+    if command not in ("start", "follow", "wake", "run") or not args:
+        print(__doc__, file=sys.stderr)
+        return 64
+    layout = Layout(os.path.expanduser(args[0]))
+    try:
+        if command == "run":
+            return run(layout)
+        if command == "wake":
+            print(json.dumps(wake(layout)))
+            return 0
+        if command == "start":
+            code, answer = start(layout, sys.stdin.read())
+            print(json.dumps(answer), flush=True)
+            return follow(layout) if code == 0 and "--follow" in args else code
+        return follow(layout)
+    except BrokenPipeError:
+        return 0  # the watcher went away: the pipeline goes on
+    except RuntimeError as err:
+        print(str(err), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,196 @@
+"""The laptop's half of a pipeline on the VM: hand the checked plan to the VM's driver, then watch it.
+
+fab renders and checks everything here, then sends the driver (bootstrap/remote/driver.py)
+the plan as data. The driver brings it to done on the VM whether or not this laptop stays:
+Ctrl-C, a lost connection or a closed laptop only stop the watching. A second fab with
+the same plan attaches to it; one with another plan is refused while it runs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from datetime import datetime
+
+from ..errors import StoppedWatching, UserError
+from ..jobs.plan import PlannedJob
+from ..remote.driver import PipelineState, clock
+from ..session import Session
+from .machine import ConnectionLost
+from .progress import Board
+from .watch import Watcher
+
+# What a guest shutdown saves, by provisioning model (README: Autostop). Seconds idle, or None: off.
+AUTOSTOP_BY_MODEL = {"STANDARD": 1800, "SPOT": 1800, "FLEX_START": 1800, "RESERVATION_BOUND": None}
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+MAX_REVIVALS = 3
+
+
+def owner() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} at {datetime.now().strftime('%H:%M:%S')}"
+
+
+def autostop_seconds(session: Session) -> int | None:
+    """vm.autostop as seconds idle, or None: `auto` follows the stack's provisioning model (off with -H)."""
+    setting = session.plan.spec.vm.autostop
+    if setting == "off":
+        return None
+    if setting == "auto":
+        model = (session.stack or {}).get("provisioning_model")
+        return AUTOSTOP_BY_MODEL.get(model) if model else None
+    number, unit = re.fullmatch(r"(\d+)([smh])", setting).groups()
+    return int(number) * UNIT_SECONDS[unit]
+
+
+def preflight_request(session: Session) -> dict:
+    """What the VM must offer before its first TPU job (jobrunner.preflight)."""
+    vm_spec = session.plan.spec.vm
+    return {
+        "chips": vm_spec.chips,
+        "chip_glob": vm_spec.chip_glob,
+        "min_memory_gb": vm_spec.min_memory_gb,
+        "min_shm_gb": vm_spec.min_shm_gb,
+        "shm_path": vm_spec.shm_path,
+        "secrets": {name: f"{session.plan.layout.secrets}/{name}" for name in session.secrets},
+    }
+
+
+def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
+    """The plan as the driver reads it: `jobs` to bring to done, and the jobs they need, which must be done.
+
+    Its digest covers what decides the work (run, jobs, specs, needs), so the same command
+    again attaches to a running pipeline and any other is refused while it runs.
+    """
+    known = {job.name: job for job in session.plan.jobs} | {job.name: job for job in jobs}
+    wanted, needed = [job.name for job in jobs], []
+    for name in wanted:
+        needed += [n for n in known[name].needs if n not in wanted and n not in needed]
+    entries = [
+        {
+            "name": name,
+            "job_dir": known[name].job_dir,
+            "spec": dict(known[name].runner_spec),
+            "needs": list(known[name].needs),
+            "uses_tpu": known[name].uses_tpu,
+            "start": name in wanted,
+        }
+        for name in needed + wanted
+    ]
+    body = {"run": session.plan.run_name, "jobs": entries, "preflight": preflight_request(session)}
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    autostop = autostop_seconds(session)
+    return {
+        **body,
+        "digest": digest,
+        "hint": session.hint(task),
+        "started_by": owner(),
+        "autostop": {"idle_seconds": autostop, "command": session.plan.spec.vm.autostop_command},
+    }
+
+
+def describe(record: dict) -> str:
+    """A pipeline on the VM, in one line: run, state, since when, which jobs."""
+    jobs = ", ".join(record.get("running") or []) or "between jobs"
+    doing = f" ({jobs})" if record["state"] == PipelineState.RUNNING.value else ""
+    return f"run {record['run']} {record['state']} since {clock(record.get('since'))}{doing}, started by {record.get('started_by') or '?'}"
+
+
+def status_lines(record: dict | None) -> list[str]:
+    """fab status's lines on the pipeline: its state, what failed, and the VM's autostop."""
+    if record is None:
+        return ["pipeline: none has run on this VM yet"]
+    lines = [f"pipeline: {describe(record)}"]
+    if record["state"] == PipelineState.INTERRUPTED.value:
+        lines.append("  its driver had stopped; this command started it again")
+    for job, why in (record.get("failed") or {}).items():
+        lines.append(f"  {job}: {why}")
+    idle, shutdown = record.get("autostop_idle"), record.get("shutdown")
+    if shutdown:
+        outcome = "" if shutdown["exit_code"] == 0 else f", which failed: {shutdown['error'] or shutdown['exit_code']}"
+        lines.append(f"  autostop: shut the VM down at {clock(shutdown['at'])}{outcome}")
+    elif record["state"] == PipelineState.DONE.value and record.get("alive") and idle:
+        lines.append(
+            f"  autostop: the VM shuts itself down after {idle / 60:.0f} min with no fab command "
+            f"(this one started the wait again: at {clock(time.time() + idle)})"
+        )
+    elif not idle:
+        lines.append("  autostop: off (vm.autostop in jobs/pipeline.yaml)")
+    return lines
+
+
+def busy(record: dict, vm_name: str) -> UserError:
+    return UserError(
+        f"{vm_name} runs another pipeline: {describe(record)}. Follow it: {record.get('hint') or 'fab status'}; "
+        "this one can start once it has ended"
+    )
+
+
+def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepare) -> None:
+    """Bring `jobs` to done on the VM: start the driver or attach to it, then watch until the pipeline ends."""
+    vm, console = session.vm, session.console
+    plan = driver_plan(session, jobs, task)
+    current = vm.pipeline
+    running = current and current.get("alive") and current["state"] == PipelineState.RUNNING.value
+    if running and current["digest"] != plan["digest"]:
+        raise busy(current, vm.name)
+    if not running:
+        prepare(session)  # the secrets, and the VM ready (its startup script done)
+    with Board(console) as board:
+        watcher = Watcher(session, jobs, board)
+        stream = vm.drive(plan, follow=not detach, on_idle=watcher.tick)
+        answer = next(stream)
+        if "busy" in answer:
+            raise busy(answer["busy"], vm.name)
+        if "attached" in answer:
+            console.print(f"attached to the pipeline on {vm.name}: {describe(answer['attached'])}")
+        else:
+            console.print(f"pipeline started on {vm.name}; it goes on without this laptop")
+        if detach:
+            stream.close()
+            console.print(f"watch it: {session.hint(task)}, or fab status")
+            return
+        _watch(session, watcher, stream, task)
+    watcher.finish()
+
+
+def _watch(session: Session, watcher: Watcher, stream, task: str) -> None:
+    """Feed the watcher until the pipeline ends; a driver that died is started again and watched on."""
+    revivals = 0
+    try:
+        while True:
+            for item in stream:
+                if item.get("event") == "driver-lost":
+                    break
+                if item.get("event") == "replaced":
+                    raise UserError(
+                        f"another fab command started a new pipeline on {session.vm.name}: {describe(item['record'])}"
+                    )
+                watcher.feed(item)
+                if watcher.outcome is not None:
+                    return
+            else:
+                raise UserError(
+                    f"{session.vm.name}: the pipeline's events ended before it did; watch again: {session.hint(task)}"
+                )
+            revivals += 1
+            if revivals > MAX_REVIVALS:
+                raise UserError(
+                    f"{session.vm.name}: the pipeline driver keeps stopping; see {session.plan.layout.pipeline}/driver.err on the VM"
+                )
+            session.console.print("the pipeline's driver stopped; starting it again (it adopts what runs)")
+            session.vm.install()  # wakes it
+            stream = session.vm.drive(None, on_idle=watcher.tick)
+    except ConnectionLost:
+        raise UserError(
+            f"lost the connection to {session.vm.name} while watching. The pipeline goes on on the VM without "
+            f"this laptop; watch it again: {session.hint(task)}"
+        ) from None
+    except KeyboardInterrupt:
+        raise StoppedWatching(
+            f"stopped watching; the pipeline goes on on the VM without this laptop. Watch it again: {session.hint(task)}"
+        ) from None

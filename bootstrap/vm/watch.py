@@ -1,0 +1,137 @@
+"""Show a pipeline from what its driver reports: events and job log lines in, bars and a record out.
+
+The VM's driver streams them (driver.py follow); the gke backend's graph makes the same
+items on this machine. Either way one Watcher turns them into progress bars, one line
+per decision, the run record, and at the end the eval table and a summary with the
+chip-hours each job used, or the failed job's log and a hint that works as printed.
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from ..errors import UserError
+from ..jobs.plan import PlannedJob
+from ..remote import jobrunner
+from ..remote.driver import Action, PipelineState
+from ..results.runs import minutes
+from ..session import Session
+from .machine import JobStatus
+from .progress import Board, JobProgress, eval_table
+
+LOG_TAIL_LINES = 30
+
+
+class Watcher:
+    """Feed it the driver's items; `finish` reports the outcome (or raises it, on failure)."""
+
+    def __init__(self, session: Session, jobs: list[PlannedJob], board: Board):
+        self.session, self.board = session, board
+        self.jobs = {job.name: job for job in jobs}
+        self.progress: dict[str, JobProgress] = {}
+        self.ended: dict[str, JobStatus] = {}
+        self.preflight: list[str] = []
+        self.problems: list[str] = []
+        self.outcome: PipelineState | None = None
+
+    def say(self, text: str) -> None:
+        self.session.console.print(text, markup=False, highlight=False)
+
+    def _bar(self, name: str) -> JobProgress:
+        if name not in self.progress:
+            rendered = self.jobs[name].rendered if name in self.jobs else None
+            total = rendered.progress["total_steps"] if rendered and rendered.progress else None
+            self.progress[name] = self.board.job(name, int(total) if total is not None else None)
+        return self.progress[name]
+
+    def feed(self, item: dict) -> None:
+        if "line" in item:
+            self._bar(item["job"]).feed(item["line"])
+            return
+        event, job = item["event"], item.get("job")
+        if event == "decide":
+            self.say(item["message"])
+            if item["action"] != Action.SKIP.value:
+                self._bar(job)
+        elif event == "relaunch":
+            self.say(f"{job}: its runner stopped; starting one that takes over")
+        elif event == "preflight":
+            failed = [
+                f"{self.session.vm.name}: preflight {c['check']}: {c['message']}" for c in item["checks"] if not c["ok"]
+            ]
+            self.preflight = failed
+            for check in item["checks"]:
+                if check["ok"] and "removed" in check["message"]:
+                    self.say(f"{self.session.vm.name}: {check['message']}")
+            if not failed:
+                self.say(f"preflight ok on {self.session.vm.name}")
+        elif event == "blocked":
+            self.say(f"{job}: not started, it needs {item['needs']}, which failed")
+        elif event == "needed":
+            self.problems.append(f"{job} is {item['state']['state']}: run fab train first")
+        elif event == "note":
+            self.say(f"{job}: {item['message']}")
+        elif event == "end":
+            self._end(job, JobStatus.from_json(item["state"]))
+        elif event == "finished":
+            self.outcome = PipelineState(item["state"])
+
+    def tick(self) -> None:
+        """Nothing came for a while: a heartbeat for each job shown."""
+        for progress in self.progress.values():
+            progress.tick()
+
+    def _end(self, name: str, status: JobStatus) -> None:
+        record = self.session.record
+        self.ended[name] = status
+        record.note_job(name, status)
+        progress = self.progress.get(name)
+        if progress is not None and progress.evals:  # its log is read from its start: the whole list
+            record.evals = progress.evals
+        record.save()
+        if status.state is jobrunner.JobState.DONE:
+            self.say(f"{name}: done in {minutes(record.jobs[name]) or 0:.1f} min")
+
+    def finish(self) -> None:
+        """The eval table and the summary, or the first failure with its log and the fix."""
+        session, record = self.session, self.session.record
+        record.save()
+        if self.preflight or self.problems:
+            raise UserError(self.preflight + self.problems)
+        failed = [(name, s) for name, s in self.ended.items() if s.state is not jobrunner.JobState.DONE]
+        if failed:
+            name, status = failed[0]
+            self._show_log(name, status)
+            raise UserError(
+                f"{name} {status.state.value} on {session.vm.name}: {status.error or 'see the log'}. "
+                f"Full log: {session.hint('logs', '--job', name)}. Fix the cause, then run fab train again to retry it"
+            )
+        if record.evals:
+            session.console.print(eval_table(record.evals))
+        if self.ended:
+            session.console.print(self.summary())
+
+    def _show_log(self, name: str, status: JobStatus) -> None:
+        vm, job_dir = self.session.vm, self.jobs[name].job_dir
+        self.say(f"--- last {LOG_TAIL_LINES} lines of {vm.name}:{status.log} ---")
+        for line in vm.tail(job_dir, LOG_TAIL_LINES):
+            self.say(line)
+        if status.state is jobrunner.JobState.INTERRUPTED:  # the runner itself died: its own stderr says why
+            for line in vm.tail(job_dir, LOG_TAIL_LINES, jobrunner.RUNNER_ERR):
+                self.say(f"runner | {line}")
+
+    def summary(self) -> Table:
+        """What each job that ran took, in minutes and in chip-hours (the VM's chips are billed while it runs)."""
+        chips = self.session.plan.spec.vm.chips
+        table = Table(title=f"run {self.session.plan.run_name}: jobs run by this pipeline")
+        for column in ("job", "state", "minutes", "chip-hours"):
+            table.add_column(column, justify="left" if column in ("job", "state") else "right")
+        for name, status in self.ended.items():
+            took = minutes({"started": status.started, "finished": status.finished}) or 0.0
+            table.add_row(name, status.state.value, f"{took:.1f}", f"{took / 60 * chips:.2f}")
+        starts = [s.started for s in self.ended.values() if s.started]
+        ends = [s.finished for s in self.ended.values() if s.finished]
+        if starts and ends:  # jobs side by side share the VM: its billed time is the span, not the sum
+            span = (max(ends) - min(starts)) / 60
+            table.add_row("pipeline (first start to last end)", "", f"{span:.1f}", f"{span / 60 * chips:.2f}")
+        return table
