@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_fab.py [--repeat 5] [--seconds 20] [--log-mb 200]
 
 1. a fresh `fab train` whose setup and prefetch each take --seconds: its wall time against the
-   longer of the two plus the rest (the graph runs them side by side) and against their sum;
+   longer of the two plus the rest (the graph runs them side by side) and against their sum; and
+   the gaps on the VM between a job's end and the start of the job that needs it (the runners' times);
 2. `fab train` re-run with everything done, as a ratio to a plain `ssh host true` timed in the same run;
 3. the time fab adds to one job: `fab convert` against a plain `ssh host 'python -m ...'` running the
    same stand-in job with the same arguments;
@@ -59,11 +60,23 @@ def plain_convert(fab: Fab, work_dir: Path) -> float:
     return ssh(fab, f"HF_TOKEN=$(cat {token_file}) {shlex.join(argv)} >/dev/null 2>&1")
 
 
-def durations(fab: Fab) -> dict[str, float]:
-    """Each job's own run time on the VM, from the local run record (the runner's timestamps)."""
+def job_times(fab: Fab) -> dict[str, dict]:
+    """Each job's start and end on the VM, from the local run record (the runners' timestamps)."""
     run = (fab.tmp / "state" / "current-run").read_text().strip()
-    record = json.loads((fab.tmp / "runs" / run / "record.json").read_text())
-    return {name: info["finished"] - info["started"] for name, info in record["jobs"].items()}
+    return json.loads((fab.tmp / "runs" / run / "record.json").read_text())["jobs"]
+
+
+def durations(times: dict[str, dict]) -> dict[str, float]:
+    return {name: info["finished"] - info["started"] for name, info in times.items()}
+
+
+def gaps(times: dict[str, dict]) -> dict[str, float]:
+    """For each job of the chain, the time from the end of the last job it needs to its own start."""
+    needs = {"convert": ("setup", "prefetch"), "train": ("convert",), "export": ("train",)}
+    return {
+        f"{'+'.join(before)} -> {job}": times[job]["started"] - max(times[n]["finished"] for n in before)
+        for job, before in needs.items()
+    }
 
 
 def max_rss_mb(process: subprocess.Popen) -> float:
@@ -97,7 +110,8 @@ def main() -> None:
         fab = Fab(host, tmp, token, jobs, hub)
 
         first = timed(fab, "train", "--arg", "vars.num_batches=4")
-        took = durations(fab)
+        times = job_times(fab)
+        took, waits = durations(times), gaps(times)
         rest = sum(took[job] for job in ("convert", "train", "export"))
         reruns, trues = [], []
         for _ in range(args.repeat):
@@ -132,6 +146,8 @@ def main() -> None:
     print(
         f"  as a ratio to their sum plus the rest                           {first / (took['setup'] + took['prefetch'] + rest):7.2f}"
     )
+    for link, seconds in waits.items():
+        print(f"  gap on the VM between {link:<38}{seconds:7.2f} s")
     print(f"fab train re-run, everything done (median of {args.repeat})                 {median(reruns):7.2f} s")
     print(f"plain `ssh host true` (median)                                    {median(trues):7.2f} s")
     print(f"  re-run as a ratio to ssh true                                   {median(reruns) / median(trues):7.2f}")

@@ -126,6 +126,15 @@ ClientAliveInterval 5
         server.wait(timeout=10)
 
 
+def wait_for(condition, timeout: float = 180, what: str = "condition"):
+    """Poll `condition` until it is true (and return it); fail after `timeout` seconds, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return result
+
+
 HF_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 INSTRUCT_TOKEN_IDS = {"bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009]}
 

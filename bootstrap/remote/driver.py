@@ -125,9 +125,17 @@ class Graph:
         self.running: set[str] = set()
         self.relaunched: set[str] = set()
         self.preflight_ok = False
+        self.checked = False
 
     def step(self) -> bool:
         """One look at every job: start what is ready, notice what ended. False once nothing is left to do."""
+        if not self.checked:  # a job only needed must be done, or nothing starts at all
+            self.checked = True
+            for job in self.jobs.values():
+                if not job.get("start", True):
+                    self._decide(job)
+            if self.failed:
+                return False
         self._start_ready()
         for name in sorted(self.running):
             self._check(name)
@@ -508,6 +516,8 @@ def main(argv: list[str]) -> int:
     except RuntimeError as err:
         print(str(err), file=sys.stderr)
         return 1
+    except OSError as err:
+        return jobrunner.os_error(command, err)
 
 
 if __name__ == "__main__":

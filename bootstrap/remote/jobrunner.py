@@ -3,16 +3,14 @@
 Copied to the VM and run with its system python3 (standard library only), so it works
 before any environment exists. It owns the folder layout (Layout), the job states
 (JobState), the files of a job folder and the preflight. The pipeline driver
-(driver.py, beside it) and the laptop import the same module and use these subcommands:
+(driver.py, beside it) launches jobs and runs the preflight through its functions; the
+laptop imports it for the names and uses these subcommands:
 
-    launch JOB_DIR                start the job whose spec.json comes on stdin, detached;
-                                  return once the runner has recorded it (prints its state)
-    run JOB_DIR                   the detached runner itself (started by launch)
+    run JOB_DIR                   the detached runner itself (started by `launch`)
     status JOB_DIR...             JSON state of each job
     follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
     tail JOB_DIR COUNT [FILE]     the last lines of the job's log (or FILE of its folder)
     prepare STATE_DIR             create the state folder (0700)
-    preflight                     check the VM against the JSON request on stdin
 
 A job's command runs in its own session and process group, behind a small shell that
 writes its exit code to a file: if the runner dies, the job goes on, and the next launch
@@ -124,10 +122,12 @@ def read_json(path: str) -> dict | None:
 
 
 def _start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat): with the pid, a process identity."""
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat): with the pid, a process identity.
+    None for a process gone, or ended and not yet reaped (a zombie: state Z)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else fields[19]
     except (OSError, IndexError):
         return None
 
@@ -539,9 +539,6 @@ def main(argv: list[str]) -> int:
     os.umask(0o077)  # logs, state and outputs of tpu-rl are the SSH user's alone
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
     try:
-        if command == "launch":
-            print(json.dumps(launch(os.path.expanduser(args[0]), sys.stdin.read())))
-            return 0
         if command == "run":
             return _Job(os.path.expanduser(args[0])).run()
         if command == "status":
@@ -553,22 +550,20 @@ def main(argv: list[str]) -> int:
             return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
         if command == "prepare":
             return prepare(os.path.expanduser(args[0]))
-        if command == "preflight":
-            checks = preflight(json.load(sys.stdin))
-            print(json.dumps(checks))
-            return 0 if all(c["ok"] for c in checks) else 1
     except BrokenPipeError:
         return 0  # the reader went away (fab stopped following)
-    except RuntimeError as err:
-        print(str(err), file=sys.stderr)
-        return 1
     except OSError as err:
-        where = f" ({err.filename})" if err.filename else ""
-        hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-        print(f"{command}: {err.strerror or err}{where}{hint}", file=sys.stderr)
-        return 74
+        return os_error(command, err)
     print(__doc__, file=sys.stderr)
     return 64
+
+
+def os_error(command: str, err: OSError) -> int:
+    """A failed file operation on the VM in one line (a full disk says what to do), and exit 74."""
+    where = f" ({err.filename})" if err.filename else ""
+    hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    print(f"{command}: {err.strerror or err}{where}{hint}", file=sys.stderr)
+    return 74
 
 
 if __name__ == "__main__":

@@ -203,13 +203,14 @@ class Vm:
             for tool in TOOLS
             if fields.get(tool) != hashlib.sha256((REMOTE_SCRIPTS / tool).read_bytes()).hexdigest()
         ]
+        woken = out
         if changed:
             sftp = self._sftp()
             for tool in changed:
                 with self._io():
                     sftp.put(str(REMOTE_SCRIPTS / tool), self._sftp_path(f"{bin_dir}/{tool}"))
-            out = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
-        self.pipeline = _pipeline(_field(out, "pipeline"))
+            woken = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
+        self.pipeline = _pipeline(_field(woken, "pipeline"))
         return _field(out, "current-run")
 
     def wake_command(self) -> str:
@@ -297,7 +298,9 @@ class Vm:
                 with self._io():
                     channel.sendall(json.dumps(plan).encode())
                     channel.shutdown_write()
+            said = False
             for line in lines(self._chunks(channel, on_idle)):
+                said = True
                 try:
                     item = json.loads(line)
                 except json.JSONDecodeError:
@@ -305,8 +308,10 @@ class Vm:
                 if "line" in item:
                     item["line"] = self.clean(item["line"])
                 yield item
-            if plan is not None and not follow:
-                return
+            if not said:  # the driver could not even answer: its own one line says why
+                with self._io():
+                    why = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+                raise UserError(f"{self.name}: the pipeline driver: {self.clean(why[-1500:]) or 'no answer'}")
         finally:
             channel.close()
 
@@ -316,13 +321,6 @@ class Vm:
         """The last lines of a job's log (or another file of its folder), cleaned like followed output."""
         code, out, _ = self.execute(self.runner("tail", job_dir, str(count), name))
         return [self.clean(line) for line in lines([out.encode()])]
-
-    def preflight(self, request: dict) -> list[dict]:
-        code, out, err = self.execute(self.runner("preflight"), json.dumps(request).encode())
-        try:
-            return json.loads(out)
-        except json.JSONDecodeError:
-            raise UserError(f"{self.name}: preflight could not run: {self.clean(err.strip()[-300:])}") from None
 
     def wait_for_startup(self, marker: str, log: str, console: Console) -> None:
         """Wait for the startup script's marker, showing its log meanwhile."""

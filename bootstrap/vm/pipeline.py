@@ -115,12 +115,18 @@ def status_lines(record: dict | None) -> list[str]:
         lines.append(f"  autostop: shut the VM down at {clock(shutdown['at'])}{outcome}")
     elif record["state"] == PipelineState.DONE.value and record.get("alive") and idle:
         lines.append(
-            f"  autostop: the VM shuts itself down after {idle / 60:.0f} min with no fab command "
+            f"  autostop: the VM shuts itself down after {_duration(idle)} with no fab command "
             f"(this one started the wait again: at {clock(time.time() + idle)})"
         )
     elif not idle:
         lines.append("  autostop: off (vm.autostop in jobs/pipeline.yaml)")
     return lines
+
+
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds / 3600:g} h" if seconds >= 3600 else f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+    )
 
 
 def busy(record: dict, vm_name: str) -> UserError:

@@ -68,7 +68,8 @@ class Watcher:
         elif event == "blocked":
             self.say(f"{job}: not started, it needs {item['needs']}, which failed")
         elif event == "needed":
-            self.problems.append(f"{job} is {item['state']['state']}: run fab train first")
+            needer = next((j.name for j in self.jobs.values() if job in j.needs), job)
+            self.problems.append(f"{needer} needs {job}, which is {item['state']['state']}: run fab train first")
         elif event == "note":
             self.say(f"{job}: {item['message']}")
         elif event == "end":

@@ -21,21 +21,13 @@ from pathlib import Path
 import pytest
 from fabric import Connection
 
-from bootstrap.jobs.plan import PlannedJob, runner_spec
+from bootstrap.jobs.plan import runner_spec
 from bootstrap.remote.jobrunner import JobState, Layout
 from bootstrap.vm.connect import open_connection
 from bootstrap.vm.machine import Vm
-from tests.loopback import REPO, Fab, loopback_host
+from tests.loopback import REPO, Fab, loopback_host, wait_for
 
 SLOW_TRAIN = ("--arg", "vars.num_batches=6", "--arg", "train.env.STANDIN_SECONDS=1")
-
-
-def wait_for(condition, timeout: float = 120, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return result
 
 
 @contextmanager
@@ -58,25 +50,28 @@ def no_traceback(result: subprocess.CompletedProcess) -> None:
     assert "Traceback" not in result.stderr + result.stdout, result.stderr
 
 
-def test_launch_returns_only_once_the_runner_has_recorded_the_job_even_under_load(ssh_host, tmp_path):
+def test_a_plan_of_many_jobs_is_driven_to_done_on_the_vm_even_under_load(ssh_host, tmp_path):
+    """The driver launches each job once its need is done, and fab sees every job's whole log before its end."""
     conn = Connection(
         "127.0.0.1", user=ssh_host.user, port=ssh_host.port, connect_kwargs={"key_filename": str(ssh_host.key)}
     )
     vm = Vm(open_connection(conn), Layout(str(tmp_path / "state")))
     vm.install()
+    jobs = []
+    for number in range(12):
+        out = tmp_path / f"out{number}"
+        argv = ["sh", "-c", f"echo job {number}; echo done > {out}"]
+        spec = dict(runner_spec(vm.layout, "j", argv, [str(out)]))
+        needs = [f"j{number - 1}"] if number else []
+        jobs.append({"name": f"j{number}", "job_dir": str(tmp_path / f"job{number}"), "spec": spec, "needs": needs})
     with cpu_burners():
-        for number in range(12):
-            out = tmp_path / f"out{number}"
-            argv = ["sh", "-c", f"echo job {number}; echo done > {out}"]
-            job = PlannedJob(
-                f"j{number}", str(tmp_path / f"job{number}"), runner_spec(vm.layout, "j", argv, [str(out)])
-            )
-            launched = vm.launch(job)
-            assert launched.state in (JobState.RUNNING, JobState.DONE), launched
-            seen: list[str] = []
-            vm.follow(job.job_dir, seen.append)
-            assert f"job {number}" in seen
-            assert vm.states([job.job_dir])[0].state is JobState.DONE
+        items = list(vm.drive({"digest": "many", "run": "r", "jobs": jobs, "preflight": {}}))
+    assert "started" in items[0] and items[-1] == {**items[-1], "event": "finished", "state": "done"}
+    order = [(i.get("event"), i.get("job"), i.get("line")) for i in items[1:]]
+    for number in range(12):
+        name = f"j{number}"
+        assert order.index((None, name, f"job {number}")) < order.index(("end", name, None))  # its log, then its end
+        assert vm.states([str(tmp_path / f"job{number}")])[0].state is JobState.DONE
     log = tmp_path / "job0" / "log"
     assert log.stat().st_mode & 0o777 == 0o600  # the SSH user's alone
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
@@ -114,10 +109,12 @@ def test_a_dropped_connection_stops_fab_in_one_line_and_the_job_goes_on(fab: Fab
     assert first.returncode == 2, output
     assert "Traceback" not in output and "Socket is closed" not in output
     errors = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "lost the VM's lock" in errors[0] and "run fab train again" in errors[0], output
+    assert len(errors) == 1, output
+    assert "lost the connection to 127.0.0.1 while watching. The pipeline goes on on the VM" in errors[0]
+    assert "watch it again: fab train --run-name" in errors[0]
     assert not (folder / "result.json").exists() or (folder / "done").exists()  # the job was not failed by fab
 
-    again = fab("train", *SLOW_TRAIN)  # the lock is free again, and the job is re-attached or done
+    again = fab("train", *SLOW_TRAIN)  # attaches to the pipeline, or finds it done
     assert again.returncode == 0, again.stdout + again.stderr
     assert (folder / "log").read_text().count("[tpu-rl] starting train") == 1
 
@@ -264,3 +261,17 @@ def test_an_sshd_without_sftp_is_one_line(fab: Fab, tmp_path):
     assert result.returncode == 2
     assert "offers no SFTP" in result.stderr and "Subsystem sftp" in result.stderr
     no_traceback(result)
+
+
+def test_tools_replaced_on_the_vm_keep_the_current_run(fab: Fab):
+    """fab puts its tools again when they differ (an upgrade): the VM's current run is still the one continued."""
+    first = fab("train", "--arg", "vars.num_batches=2")
+    assert first.returncode == 0, first.stderr
+    run = (fab.tmp / "state" / "current-run").read_text().strip()
+    driver = fab.tmp / "state" / "bin" / "driver.py"
+    driver.write_text(driver.read_text() + "\n# an older version\n")
+    status = fab("status")
+    assert status.returncode == 0, status.stderr
+    assert f"run {run} (the current run)" in status.stdout
+    assert "pipeline: run " in status.stdout  # the pipeline's state read by the tools just put
+    assert "# an older version" not in driver.read_text()

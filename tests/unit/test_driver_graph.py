@@ -173,7 +173,7 @@ def test_a_needed_job_that_is_not_done_blocks_before_anything_starts():
         {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.FAILED}
     )
     graph = jobs.drive(starts=["setup", "train"])
-    assert jobs.calls == [] and graph.outcome is PipelineState.FAILED
+    assert jobs.calls == [] and graph.outcome is PipelineState.FAILED  # not even setup, which needs nothing
     assert [e["event"] for e in jobs.events if e.get("job") == "convert"] == ["needed"]
 
 
@@ -240,7 +240,7 @@ def test_a_needed_job_not_done_says_what_to_run(tmp_path, monkeypatch):
     graph = jobs.drive(starts=["setup", "train"])
     w, _ = watcher(tmp_path, monkeypatch)
     feed_all(w, jobs, graph)
-    with pytest.raises(UserError, match="^convert is failed: run fab train first$"):
+    with pytest.raises(UserError, match="^train needs convert, which is failed: run fab train first$"):
         w.finish()
 
 
