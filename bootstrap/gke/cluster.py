@@ -59,7 +59,7 @@ class Cluster:
 
     # --- What the tasks and the pipeline call ------------------------------------------------
 
-    def install(self) -> str | None:
+    def install(self, *_) -> str | None:
         """The current run: kept on this machine (the cluster keeps no run of its own)."""
         return runs.current_run()
 

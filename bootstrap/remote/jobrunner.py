@@ -10,7 +10,6 @@ laptop imports it for the names and uses these subcommands:
     status JOB_DIR...             JSON state of each job
     follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
     tail JOB_DIR COUNT [FILE]     the last lines of the job's log (or FILE of its folder)
-    prepare STATE_DIR             create the state folder (0700)
 
 A job's command runs in its own session and process group, behind a small shell that
 writes its exit code to a file: if the runner dies, the job goes on, and the next launch
@@ -458,15 +457,6 @@ def tail(job_dir: str, count: int, name: str) -> int:
     return 0
 
 
-def prepare(state_dir: str) -> int:
-    """The state folder, readable by the SSH user only."""
-    layout = Layout(state_dir)
-    for folder in (layout.root, layout.bin, layout.secrets):
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        os.chmod(folder, 0o700)
-    return 0
-
-
 def record_run(layout: Layout, run: str) -> None:
     """The run that later fab commands continue."""
     with open(layout.current_run + ".tmp", "w") as f:
@@ -548,8 +538,6 @@ def main(argv: list[str]) -> int:
             return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
         if command == "tail":
             return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
-        if command == "prepare":
-            return prepare(os.path.expanduser(args[0]))
     except BrokenPipeError:
         return 0  # the reader went away (fab stopped following)
     except OSError as err:

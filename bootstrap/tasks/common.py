@@ -84,7 +84,7 @@ def open_session(
         console.print(f"connecting to {conn.host} ({'-H' if outputs is None else 'Pulumi stack outputs'})")
         driver = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
         source = f"{driver.name}:{driver.layout.current_run}"
-    name, why = choose_run(driver.install(), source, run_name, new_run)
+    name, why = choose_run(driver.install(values, pipeline.spec.vm.startup_marker), source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
     plan = gke.plan(files, planned_with, name, target) if target else build(files, overrides, name)
     return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)

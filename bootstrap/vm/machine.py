@@ -111,6 +111,7 @@ class Vm:
         self.layout = layout
         self.clean = cleaner or Cleaner()
         self.pipeline: dict | None = None  # the VM's pipeline as `install` found it (driver.py's record)
+        self.facts: dict = {"digests": {}, "modes": {}, "startup_done": False}  # what `install` found for `prepare`
 
     @property
     def name(self) -> str:
@@ -182,22 +183,32 @@ class Vm:
 
     # --- the interface ------------------------------------------------------------------------
 
-    def install(self) -> str | None:
-        """One round trip: the private state folder, tpu-rl's tools put only when they changed, and the
-        pipeline woken (a fab command is here: autostop waits again, a driver that died starts again).
+    def install(self, secrets: dict[str, str] | None = None, startup_marker: str = "") -> str | None:
+        """One round trip: the private state folder, tpu-rl's tools put only when they changed, the pipeline
+        woken (a fab command is here: autostop waits again, a driver that died starts again), and what
+        `prepare` needs to know (the stored secrets' hashes and modes, the startup script's marker).
 
         Returns the VM's current run (the one later commands continue), if any; keeps the pipeline's state.
         """
         q = shlex.quote
-        root, bin_dir = self.layout.root, self.layout.bin
+        root, bin_dir, secrets_dir = self.layout.root, self.layout.bin, self.layout.secrets
         wake = f"echo pipeline $({self.wake_command()} 2>/dev/null)"
+        paths = " ".join(q(f"{secrets_dir}/{name}") for name in secrets or {})
+        facts = f"(cd && sha256sum {paths}; stat -c 'mode %a %n' {paths}) 2>/dev/null;" if paths else ""
+        if startup_marker:
+            facts += f" test -f {q(startup_marker)} && echo startup done;"
         out = self.check(
-            f"mkdir -p {q(bin_dir)} {q(self.layout.secrets)} && chmod 700 {q(root)} {q(self.layout.secrets)}"
+            f"umask 077 && mkdir -p {q(bin_dir)} {q(secrets_dir)} && chmod 700 {q(root)} {q(bin_dir)} {q(secrets_dir)}"
             f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
-            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); {wake}; true)",
+            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); {wake}; {facts} true)",
             "preparing the state folder",
         )
         fields = {line.split()[1]: line.split()[0] for line in out.splitlines() if len(line.split()) == 2}
+        self.facts = {
+            "digests": fields,
+            "modes": {line.split()[2]: line.split()[1] for line in out.splitlines() if line.startswith("mode ")},
+            "startup_done": "startup done" in out.splitlines(),
+        }
         changed = [
             tool
             for tool in TOOLS
@@ -217,33 +228,24 @@ class Vm:
         return self.runner("wake", self.layout.root, tool="driver.py")
 
     def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
-        """One round trip: compare the secrets, ask whether the VM is ready.
+        """The secrets stored on the VM where `install` found them missing, changed or too widely readable.
 
-        Returns what changed (one line each) and whether the startup script has finished.
-        Secrets travel inside the SFTP stream, never on a command line.
+        Returns what changed (one line each) and whether the startup script has finished. No round
+        trip when nothing changed; secrets travel inside the SFTP stream, never on a command line.
         """
-        q = shlex.quote
-        paths = {name: f"{self.layout.secrets}/{name}" for name in secrets}
-        out = self.check(
-            f"{self.runner('prepare', self.layout.root)} && (cd && sha256sum {' '.join(map(q, paths.values()))}"
-            f" 2>/dev/null; test -f {q(startup_marker)} && echo startup done; true)",
-            "preparing the VM",
-        )
-        lines = out.splitlines()
-        digests = {
-            path: digest for digest, path in (line.split(maxsplit=1) for line in lines if line != "startup done")
-        }
-        done, sftp = [], self._sftp()
+        done = []
         for name, value in secrets.items():
-            path = self._sftp_path(paths[name])
-            with self._io():
-                if digests.get(paths[name]) != hashlib.sha256(value.encode()).hexdigest():
-                    with sftp.open(path, "w") as f:
-                        f.chmod(0o600)
-                        f.write(value.encode())
-                    done.append(f"stored {name} (readable only by the SSH user)")
-                sftp.chmod(path, 0o600)  # a file found with a wider mode is fixed, not refused
-        return done, "startup done" in lines
+            path = f"{self.layout.secrets}/{name}"
+            if self.facts["digests"].get(path) == hashlib.sha256(value.encode()).hexdigest():
+                if self.facts["modes"].get(path) != "600":  # a file found with a wider mode is fixed, not refused
+                    with self._io():
+                        self._sftp().chmod(self._sftp_path(path), 0o600)
+                continue
+            with self._io(), self._sftp().open(self._sftp_path(path), "w") as f:
+                f.chmod(0o600)
+                f.write(value.encode())
+            done.append(f"stored {name} (readable only by the SSH user)")
+        return done, self.facts["startup_done"]
 
     def _sftp_path(self, path: str) -> str:
         """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""
@@ -302,7 +304,7 @@ class Vm:
             for line in lines(self._chunks(channel, on_idle)):
                 said = True
                 try:
-                    item = json.loads(line)
+                    item = json.loads(self.clean(line))  # events too: an error the driver quotes is redacted
                 except json.JSONDecodeError:
                     raise UserError(f"{self.name}: the pipeline driver said: {self.clean(line)[:500]}") from None
                 if "line" in item:
