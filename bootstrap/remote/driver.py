@@ -26,6 +26,7 @@ one JSON object a line), seen (touched by every fab command and watcher: autosto
 from __future__ import annotations
 
 import enum
+import errno
 import fcntl
 import json
 import os
@@ -57,6 +58,7 @@ SEEN_EVERY_SECONDS = 10  # a watcher marks itself seen this often
 START_WAIT_SECONDS = 60
 LINE_END = re.compile(rb"\r\n|\r|\n")
 MAX_LINE = 64 * 1024
+READ_EVENTS = 1024 * 1024  # events read per look: a long history streams in parts
 BUSY = 75
 
 
@@ -112,8 +114,8 @@ def clock(ts: float | None) -> str:
 class Graph:
     """The pipeline's decisions, from job states alone: what starts, what is adopted, what is blocked.
 
-    `state_of`, `launch` and `preflight` are the VM (or fakes, in tests); every change is
-    handed to `emit` as an event. A job marked `"start": false` is only needed: it must be
+    `state_of`, `launch` and `preflight` are the VM (or fakes, in tests; `launch` returns why a
+    job could not start, or None); every change is handed to `emit` as an event. A job marked `"start": false` is only needed: it must be
     done already, or its dependants are blocked (fab convert before fab train).
     """
 
@@ -184,8 +186,12 @@ class Graph:
         elif action is Action.START and job.get("uses_tpu") and not self._preflight():
             self.failed[name] = "the VM's preflight failed"
             return
+        elif error := self.launch(job):
+            self.failed[name] = error
+            self.emit({"event": "decide", "job": name, "action": action.value, "message": message, "state": state})
+            self.emit({"event": "end", "job": name, "state": {**state, "state": JobState.FAILED.value, "error": error}})
+            return
         else:
-            self.launch(job)
             self.running.add(name)
         self.emit({"event": "decide", "job": name, "action": action.value, "message": message, "state": state})
 
@@ -205,9 +211,10 @@ class Graph:
             return
         if job_state is JobState.INTERRUPTED and name not in self.relaunched:
             self.relaunched.add(name)  # its runner died: a new one adopts the process or its exit code
-            self.launch(job)
-            self.emit({"event": "relaunch", "job": name})
-            return
+            if not (error := self.launch(job)):
+                self.emit({"event": "relaunch", "job": name})
+                return
+            state = {**state, "state": JobState.FAILED.value, "error": error}
         self.running.discard(name)
         if job_state is JobState.DONE:
             self.done.add(name)
@@ -256,6 +263,7 @@ class Driver:
             "failed": {},
             "autostop_at": None,
             "autostop_idle": (plan.get("autostop") or {}).get("idle_seconds"),
+            "autostop_why": (plan.get("autostop") or {}).get("why", ""),
         }
         self.graph = Graph(plan["jobs"], self._state_of, self._launch, self._preflight, self.emit)
 
@@ -270,23 +278,31 @@ class Driver:
     def _state_of(self, job: dict) -> dict:
         return jobrunner.job_state(os.path.expanduser(job["job_dir"]))
 
-    def _launch(self, job: dict) -> None:
+    def _launch(self, job: dict) -> str | None:
+        """Start (or adopt) the job; why it could not start, or None."""
         try:
             jobrunner.launch(os.path.expanduser(job["job_dir"]), json.dumps(job["spec"]))
-        except RuntimeError as err:  # its runner did not start: the job's folder says failed
-            self.emit({"event": "note", "job": job["name"], "message": str(err)})
-        self.save()
+        except RuntimeError as err:  # its runner did not start
+            return str(err)
+        except OSError as err:  # its folder cannot be written (a full disk): this job fails, not the driver
+            hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            return f"could not start: {err.strerror or err} ({err.filename}){hint}"
+        return None
 
     def _preflight(self) -> list[dict]:
         return jobrunner.preflight(self.plan["preflight"])
 
     def run(self) -> int:
-        self.emit({"event": "pass", "run": self.plan["run"], "digest": self.plan["digest"]})
-        self.save()
-        while self.graph.step():
+        try:
+            self.emit({"event": "pass", "run": self.plan["run"], "digest": self.plan["digest"]})
             self.save()
-            time.sleep(POLL_SECONDS)
-        outcome = self.graph.outcome
+            while self.graph.step():
+                self.save()
+                time.sleep(POLL_SECONDS)
+            outcome = self.graph.outcome
+        except OSError as err:  # its own files cannot be written: end the pipeline failed, never restart in a loop
+            self.graph.failed["driver"] = f"{err.strerror or err} ({err.filename})"
+            outcome = PipelineState.FAILED
         self.save(state=outcome.value, since=time.time())
         self.emit({"event": "finished", "state": outcome.value, "failed": self.graph.failed})
         if outcome is PipelineState.DONE:
@@ -294,27 +310,38 @@ class Driver:
         return 0 if outcome is PipelineState.DONE else 1
 
     def autostop(self) -> None:
-        """Shut the VM down once nothing has been seen for the plan's idle time (never with autostop off)."""
+        """Shut the VM down once nothing has been seen for the plan's idle time (never with autostop off).
+
+        The last look at `seen` and the shutdown happen under the start lock, so a fab command that
+        arrives meanwhile is either seen (the wait starts again) or starts after the decision. A
+        shutdown command that fails is tried again after another idle time, and shown by fab status.
+        """
         idle = (self.plan.get("autostop") or {}).get("idle_seconds")
         if not idle:
             return
-        finished = self.record["since"]
+        since = self.record["since"]
         while True:
-            try:
-                seen = os.path.getmtime(_path(self.layout, SEEN))
-            except FileNotFoundError:
-                seen = 0
-            at = max(finished, seen) + idle
+            at = max(since, _seen(self.layout)) + idle
             if at != self.record["autostop_at"]:
                 self.save(autostop_at=at)
-                self.emit({"event": "autostop", "at": at})
-            if time.time() >= at:
-                break
-            time.sleep(min(5, max(0.05, at - time.time())))
-        command = self.plan["autostop"]["command"]
-        self.emit({"event": "shutdown", "command": command})
-        result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        self.save(shutdown={"exit_code": result.returncode, "at": time.time(), "error": result.stderr.strip()[-500:]})
+            if time.time() < at:
+                time.sleep(min(5, max(0.05, at - time.time())))
+                continue
+            with open(_path(self.layout, START_LOCK), "a+") as serial:
+                fcntl.flock(serial, fcntl.LOCK_EX)
+                if max(since, _seen(self.layout)) + idle > time.time():
+                    continue  # a fab command came just now
+                command = self.plan["autostop"]["command"]
+                self.emit({"event": "shutdown", "command": command})
+                try:
+                    result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+                    code, error = result.returncode, result.stderr.strip()[-500:]
+                except OSError as err:
+                    code, error = 127, f"{command[0]}: {err.strerror or err}"
+                self.save(shutdown={"exit_code": code, "at": time.time(), "error": error})
+                if code == 0:
+                    return
+                since = time.time()  # failed: try again after another idle time
 
 
 def run(layout: Layout) -> int:
@@ -397,8 +424,19 @@ def wake(layout: Layout) -> dict | None:
         touch_seen(layout)
         current = info(layout)
         if current and current["state"] == PipelineState.INTERRUPTED.value:
-            return {**_spawn(layout), "alive": True, "revived": True}
+            try:
+                return {**_spawn(layout), "alive": True, "revived": True}
+            except RuntimeError as err:
+                return {**current, "error": str(err)}
         return current
+
+
+def _seen(layout: Layout) -> float:
+    """When a fab command was last here (0: never)."""
+    try:
+        return os.path.getmtime(_path(layout, SEEN))
+    except FileNotFoundError:
+        return 0
 
 
 def touch_seen(layout: Layout) -> None:
@@ -407,89 +445,88 @@ def touch_seen(layout: Layout) -> None:
     os.utime(_path(layout, SEEN))
 
 
-class _Log:
-    """One followed job's log: read on from where it was, secrets redacted, cut into lines."""
+class _Lines:
+    """One followed job's log as numbered lines: `(log, n)` names a line, so a watcher that is sent the
+    same log again (after a driver restarted) shows each line once."""
 
     def __init__(self, job_dir: str):
-        self.path = os.path.join(job_dir, jobrunner.LOG)
-        self.redactor = jobrunner.Redactor.of(job_dir)
-        self.position, self.pending, self.last_data = 0, b"", time.monotonic()
+        self.reader = jobrunner.LogReader(job_dir)
+        self.pending, self.number, self.inode = b"", 0, None
 
-    def lines(self, final: bool = False) -> Iterator[str]:
-        """Whole lines written since the last call (and the rest, when `final` or quiet for a second)."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.position)
-                data = f.read()
-        except FileNotFoundError:
-            data = b""
-        self.position += len(data)
-        if data:
-            self.last_data = time.monotonic()
-        quiet = time.monotonic() - self.last_data > jobrunner.QUIET_FLUSH_SECONDS
-        shown = self.redactor.feed(data) if data else b""
-        if final or (quiet and self.redactor.pending):
-            shown += self.redactor.feed(b"")
-        *complete, self.pending = LINE_END.split(self.pending + shown)
-        if final or len(self.pending) > MAX_LINE:
-            complete, self.pending = [*complete, self.pending] if self.pending else complete, b""
-        for line in complete:
-            yield line.decode(errors="replace")
+    def items(self, job: str, final: bool = False) -> Iterator[dict]:
+        """The lines of one more chunk (of all the rest, chunk by chunk, when `final`)."""
+        for chunk in self.reader.rest() if final else [self.reader.read() or b""]:
+            if self.reader.inode != self.inode:  # a fresh attempt's log: numbered from its start
+                self.pending, self.number, self.inode = b"", 0, self.reader.inode
+            *complete, self.pending = LINE_END.split(self.pending + chunk)
+            if len(self.pending) > MAX_LINE:
+                complete, self.pending = [*complete, self.pending], b""
+            yield from (self._item(job, line) for line in complete)
+        if final and self.pending:
+            yield self._item(job, self.pending)
+            self.pending = b""
+
+    def _item(self, job: str, line: bytes) -> dict:
+        self.number += 1
+        return {"job": job, "log": self.inode, "n": self.number, "line": line.decode(errors="replace")}
 
 
 def follow(layout: Layout, out=None) -> int:
-    """Stream the pipeline's events, each followed job's log lines interleaved, until the pipeline ends.
+    """Stream the pipeline's events, each started job's log lines interleaved, until the pipeline ends.
 
     A job's remaining lines come before its end event, so whoever reads sees its whole log
-    first. Ends after the `finished` event, or with a `driver-lost` event when the driver died.
+    first. Ends after the `finished` event, with `driver-lost` when the driver died, or with
+    `replaced` when another fab command started a new pass.
     """
     out = out or sys.stdout
     path, logs, position, last_seen = _path(layout, EVENTS), {}, 0, 0.0
+    plan = read_json(_path(layout, PLAN)) or {"jobs": []}
+    folders = {job["name"]: os.path.expanduser(job["job_dir"]) for job in plan["jobs"]}
 
-    def send(item: dict) -> None:
-        out.write(json.dumps(item) + "\n")
+    def send(items) -> None:
+        for item in items:  # one at a time: a long log is never held whole
+            out.write(json.dumps(item) + "\n")
 
     while True:
         if time.monotonic() - last_seen > SEEN_EVERY_SECONDS:
             touch_seen(layout)
             last_seen = time.monotonic()
         record = info(layout)
-        try:
-            with open(path) as f:
-                f.seek(position)
-                text = f.read()
-        except FileNotFoundError:
-            text = ""
-        if os.path.exists(path) and os.path.getsize(path) < position:  # another fab started a new pass
-            send({"event": "replaced", "record": record})
-            out.flush()
+        size = os.path.getsize(path) if os.path.exists(path) else 0
+        if size < position:  # another fab started a new pass
+            send([{"event": "replaced", "record": record}])
             return 0
-        complete = text[: text.rfind("\n") + 1]
-        position += len(complete.encode())
-        for line in complete.splitlines():
+        text = b""
+        if size > position:
+            with open(path, "rb") as f:
+                f.seek(position)
+                text = f.read(READ_EVENTS)
+        complete = text[: text.rfind(b"\n") + 1]
+        position += len(complete)
+        for line in complete.decode().splitlines():
             event = json.loads(line)
             job = event.get("job")
-            if event["event"] == "decide" and event["action"] != Action.SKIP.value:
-                job_dir = next(
-                    j["job_dir"] for j in (read_json(_path(layout, PLAN)) or {"jobs": []})["jobs"] if j["name"] == job
-                )
-                logs[job] = _Log(os.path.expanduser(job_dir))
+            if event["event"] == "decide" and event["action"] != Action.SKIP.value and job in folders:
+                logs[job] = _Lines(folders[job])
             if event["event"] == "end" and job in logs:
-                for text_line in logs.pop(job).lines(final=True):
-                    send({"job": job, "line": text_line})
-            send(event)
+                send(logs.pop(job).items(job, final=True))
+            send([event])
             if event["event"] == "finished":
                 out.flush()
                 return 0
+        busy = bool(complete)
         for job, log in logs.items():
-            for text_line in log.lines():
-                send({"job": job, "line": text_line})
+            items = list(log.items(job))  # one chunk's lines
+            busy |= bool(items)
+            send(items)
         out.flush()
-        if not complete and record and not record["alive"] and record["state"] == PipelineState.INTERRUPTED.value:
-            send({"event": "driver-lost", "record": record})
+        if not busy and record and not record["alive"] and record["state"] == PipelineState.INTERRUPTED.value:
+            for job, log in logs.items():
+                send(log.items(job, final=True))
+            send([{"event": "driver-lost", "record": record}])
             out.flush()
             return 0
-        if not complete:
+        if not busy:
             time.sleep(jobrunner.FOLLOW_POLL_SECONDS)
 
 

@@ -1,6 +1,6 @@
 """Copy an exported model folder to Cloud Storage from the VM, then verify it by hash.
 
-    python3 gcs_upload.py FOLDER gs://BUCKET/PREFIX --marker COPIED.json
+    python3 gcs_upload.py FOLDER gs://BUCKET/PREFIX [--by-export] --marker COPIED.json
 
 Uses the VM's gcloud with the VM's service account (which may write the stack's
 bucket). The folder is first checked against its SHA256SUMS, and a destination that holds
@@ -9,7 +9,9 @@ copy is never overwritten. `gcloud storage rsync
 --checksums-only` copies what differs by hash, so a re-run carries on and a same-size
 object with other contents is replaced. Parallel composite uploads are off, so every
 object has the MD5 that Cloud Storage computes on its side; the marker is written only
-after each file's MD5 matches the one Cloud Storage reports.
+after each file's MD5 matches the one Cloud Storage reports. With --by-export the copy goes
+below PREFIX into a folder named by the export's own hash (of its SHA256SUMS), so a run
+exported again is copied beside its first copy, never over it; the marker names the folder.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("folder")
     parser.add_argument("url")
     parser.add_argument("--marker", required=True)
+    parser.add_argument("--by-export", action="store_true", help="copy into PREFIX/<the export's hash>")
     args = parser.parse_args(argv)
     url = args.url.rstrip("/")
     try:
@@ -70,6 +73,8 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"[tpu-rl] not copying: {err}", flush=True)
         return 1
+    if args.by_export:
+        url = f"{url}/{manifest.file_digest(os.path.join(args.folder, manifest.NAME))[:12]}"
     copy, listing = commands(args.folder, url)
     ours = {name: local_md5(os.path.join(args.folder, name)) for name in names}
     there = remote_md5(listing, url)

@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
@@ -403,35 +404,61 @@ class Redactor:
         return text[:cut]
 
 
+class LogReader:
+    """A job's log read on from where it was, a chunk at a time, secrets redacted: what `follow` and the
+    pipeline driver stream. A log replaced by a fresh attempt (launch keeps the old one aside) is read
+    from its start; `inode` says which log the bytes came from."""
+
+    def __init__(self, job_dir: str, position: int = 0):
+        self.path = os.path.join(job_dir, LOG)
+        self.redactor = Redactor.of(job_dir)
+        self.position, self.inode, self.last_data = position, None, time.monotonic()
+        self.whole_line = position > 0  # begun mid-file: skip to a whole line, or a cut secret would show
+
+    def read(self) -> bytes | None:
+        """The next chunk as it may be shown (b"" while the redactor holds it back); None: nothing new."""
+        try:
+            with open(self.path, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                if self.inode is not None and inode != self.inode:
+                    self.position, self.redactor = 0, Redactor.of(os.path.dirname(self.path))
+                self.inode = inode
+                f.seek(self.position)
+                data = f.read(READ_CHUNK)
+        except FileNotFoundError:
+            data = b""
+        if not data:
+            quiet = time.monotonic() - self.last_data > QUIET_FLUSH_SECONDS
+            return self.redactor.feed(b"") if quiet and self.redactor.pending else None
+        self.position += len(data)
+        self.last_data = time.monotonic()
+        if self.whole_line:
+            data, self.whole_line = data.partition(b"\n")[2], False
+        return self.redactor.feed(data)
+
+    def rest(self) -> Iterator[bytes]:
+        """Everything to the end of the log and what the redactor held back: for a job that has ended."""
+        while (chunk := self.read()) is not None:
+            yield chunk
+        yield self.redactor.feed(b"")
+
+
 def follow(job_dir: str, tail: bool) -> int:
     """Copy the job's log to stdout as it grows, secrets redacted; end once the job is no longer running."""
     log_path = os.path.join(job_dir, LOG)
     out = sys.stdout.buffer
-    redactor = Redactor.of(job_dir)
-    position = max(0, os.path.getsize(log_path) - 8192) if tail and os.path.exists(log_path) else 0
-    first, last_data = position > 0, time.monotonic()
+    reader = LogReader(job_dir, max(0, os.path.getsize(log_path) - 8192) if tail and os.path.exists(log_path) else 0)
     while True:
-        try:
-            with open(log_path, "rb") as f:
-                f.seek(position)
-                data = f.read(READ_CHUNK)
-        except FileNotFoundError:
-            data = b""
-        if data:
-            position += len(data)
-            if first:  # begin at a whole line: a secret cut by the seek would not be found
-                data, first = data.partition(b"\n")[2], False
-            out.write(redactor.feed(data))
+        chunk = reader.read()
+        if chunk is not None:
+            out.write(chunk)
             out.flush()
-            last_data = time.monotonic()
             continue
         if job_state(job_dir)["state"] != JobState.RUNNING.value:
-            out.write(redactor.feed(b""))  # the log was read to its end after the job stopped
+            for chunk in reader.rest():  # the log read to its end after the job stopped
+                out.write(chunk)
             out.flush()
             return 0
-        if redactor.pending and time.monotonic() - last_data > QUIET_FLUSH_SECONDS:
-            out.write(redactor.feed(b""))  # a quiet job (a long compile) shows its last line now
-            out.flush()
         time.sleep(FOLLOW_POLL_SECONDS)
 
 

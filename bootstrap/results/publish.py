@@ -17,6 +17,7 @@ from ..remote.jobrunner import LOG
 from ..vm import connect
 
 DATASET = "openai/gsm8k"
+DURABLE_PREFIX = "publish-"  # the names of the durable copies' jobs
 
 
 def _arg(argv: list[str], key: str, default: str = "") -> str:
@@ -81,7 +82,7 @@ def hub_job(plan: Plan, folder: str) -> PlannedJob:
         files={"card.md": model_card(plan)},
     )
     target = f"{endpoint or 'https://huggingface.co'}/{results.hub_repo}"
-    return PlannedJob("publish-hub", job_dir, spec, needs=("export",), target=target)
+    return PlannedJob(f"{DURABLE_PREFIX}hub", job_dir, spec, needs=("export",), target=target)
 
 
 def gcs_url(plan: Plan, outputs: dict | None) -> str:
@@ -100,9 +101,9 @@ def gcs_url(plan: Plan, outputs: dict | None) -> str:
 def gcs_job(plan: Plan, folder: str, url: str) -> PlannedJob:
     job_dir = plan.layout.run_job(plan.run_name, "publish-gcs")
     marker = f"{job_dir}/copied.json"
-    argv = ["python3", plan.layout.tool("gcs_upload.py"), folder, url, "--marker", marker]
+    argv = ["python3", plan.layout.tool("gcs_upload.py"), folder, url, "--by-export", "--marker", marker]
     spec = runner_spec(plan.layout, "gcs_upload", argv, [marker], inputs=[f"{folder}/{manifest.NAME}"])
-    return PlannedJob("publish-gcs", job_dir, spec, ("export",), target=url)
+    return PlannedJob(f"{DURABLE_PREFIX}gcs", job_dir, spec, ("export",), target=url)
 
 
 def durable_jobs(plan: Plan, outputs: dict | None) -> list[PlannedJob]:
@@ -115,8 +116,9 @@ def durable_jobs(plan: Plan, outputs: dict | None) -> list[PlannedJob]:
     return jobs + ([gcs_job(plan, folder, gcs_url(plan, outputs))] if results.gcs else [])
 
 
-def report(plan: Plan, durable: list[PlannedJob], say) -> None:
-    """Where the model is kept, or plainly that it lives only in the VM's memory."""
+def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
+    """Where the model is kept (a GCS copy's folder, named by the export, from its marker), or plainly
+    that it lives only in the VM's memory."""
     results = plan.spec.results
     kept = export_url(plan)
     if kept:  # the gke backend exports into the stack's bucket, SHA256SUMS beside it
@@ -125,7 +127,12 @@ def report(plan: Plan, durable: list[PlannedJob], say) -> None:
             say("results.hub_repo: the Hub upload runs on the vm backend only, not yet on gke")
         return
     for job in durable:
-        say(f"model kept at {job.target} (verified)")
+        where = (
+            read_marker(job.runner_spec["outputs"][0]).get("url", job.target)
+            if job.name == "publish-gcs"
+            else job.target
+        )
+        say(f"model kept at {where} (verified)")
     if not durable:
         say(
             f"[bold yellow]The trained model lives only in the VM's memory[/] ({plan.export_folder()}) and is lost "

@@ -37,7 +37,7 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
     if detach:
         return
     if only is None:
-        report(plan, durable, console.print)
+        report(plan, durable, console.print, lambda path: session.vm.read_json(path))
         console.print(
             f"run {plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
         )

@@ -10,7 +10,6 @@ events stream in chunks, so memory stays bounded).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shlex
 import time
@@ -47,10 +46,11 @@ STARTUP_WAIT_SECONDS = 30 * 60
 
 
 def _pipeline(text: str | None) -> dict | None:
+    """The driver's record from `wake` (None: no pipeline yet); what it said instead, when it failed."""
     try:
         return json.loads(text) if text else None
     except json.JSONDecodeError:
-        return None
+        return {"error": text}
 
 
 def _field(listing: str, name: str) -> str | None:
@@ -192,7 +192,9 @@ class Vm:
         """
         q = shlex.quote
         root, bin_dir, secrets_dir = self.layout.root, self.layout.bin, self.layout.secrets
-        wake = f"echo pipeline $({self.wake_command()} 2>/dev/null)"
+        wake = f"echo pipeline $({self.wake_command()} 2>&1 | tr '\\n' ' ')"
+        expected = "".join(f"{hashlib.sha256((REMOTE_SCRIPTS / t).read_bytes()).hexdigest()}  {t}\n" for t in TOOLS)
+        current = f"printf %s {q(expected)} | sha256sum -c --status"  # wake only with these tools: never an old driver
         paths = " ".join(q(f"{secrets_dir}/{name}") for name in secrets or {})
         facts = f"(cd && sha256sum {paths}; stat -c 'mode %a %n' {paths}) 2>/dev/null;" if paths else ""
         if startup_marker:
@@ -200,7 +202,7 @@ class Vm:
         out = self.check(
             f"umask 077 && mkdir -p {q(bin_dir)} {q(secrets_dir)} && chmod 700 {q(root)} {q(bin_dir)} {q(secrets_dir)}"
             f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
-            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); {wake}; {facts} true)",
+            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); {current} && {wake}; {facts} true)",
             "preparing the state folder",
         )
         fields = {line.split()[1]: line.split()[0] for line in out.splitlines() if len(line.split()) == 2}
@@ -217,9 +219,11 @@ class Vm:
         woken = out
         if changed:
             sftp = self._sftp()
-            for tool in changed:
+            for tool in changed:  # beside, then renamed: a tool starting meanwhile reads the old or the new, whole
+                target = self._sftp_path(f"{bin_dir}/{tool}")
                 with self._io():
-                    sftp.put(str(REMOTE_SCRIPTS / tool), self._sftp_path(f"{bin_dir}/{tool}"))
+                    sftp.put(str(REMOTE_SCRIPTS / tool), f"{target}.new")
+                    sftp.posix_rename(f"{target}.new", target)
             woken = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
         self.pipeline = _pipeline(_field(woken, "pipeline"))
         return _field(out, "current-run")
@@ -418,8 +422,13 @@ class Vm:
                 raise UserError(f"{self.name}:{remote}: not on the VM") from None
         partial.replace(target)
 
-    def put_text(self, path: str, text: str) -> None:
-        self._sftp().putfo(io.BytesIO(text.encode()), self._sftp_path(path))
+    def read_json(self, path: str) -> dict:
+        """A small JSON file the VM wrote (a marker); {} if it is missing or unreadable."""
+        code, out, _ = self.execute(f"cat {shlex.quote(path)}")
+        try:
+            return json.loads(out) if code == 0 else {}
+        except json.JSONDecodeError:
+            return {}
 
 
 def _inside(local: Path, name: str, source: str) -> Path:

@@ -20,6 +20,7 @@ from datetime import datetime
 from ..errors import StoppedWatching, UserError
 from ..jobs.plan import PlannedJob
 from ..remote.driver import PipelineState, clock
+from ..results.publish import DURABLE_PREFIX
 from ..session import Session
 from .machine import ConnectionLost
 from .progress import Board
@@ -35,16 +36,22 @@ def owner() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} at {datetime.now().strftime('%H:%M:%S')}"
 
 
-def autostop_seconds(session: Session) -> int | None:
-    """vm.autostop as seconds idle, or None: `auto` follows the stack's provisioning model (off with -H)."""
-    setting = session.plan.spec.vm.autostop
+def autostop(session: Session, jobs: list[PlannedJob]) -> tuple[int | None, str]:
+    """vm.autostop for this pipeline: seconds idle (or None: off) and why. Only a pipeline that keeps the
+    model elsewhere (a Hub or GCS copy) may stop the VM: a stop empties /dev/shm, the only other copy.
+    `auto` follows the stack's provisioning model (off with -H: unknown)."""
+    setting, model = session.plan.spec.vm.autostop, (session.stack or {}).get("provisioning_model")
     if setting == "off":
-        return None
+        return None, "off (vm.autostop in jobs/pipeline.yaml)"
+    if not any(job.name.startswith(DURABLE_PREFIX) for job in jobs):
+        return None, "off: nothing keeps the model outside the VM (results.hub_repo, results.gcs), so it stays up"
+    if setting == "auto" and not model:
+        return None, "off: a VM given with -H (its provisioning model is unknown; set vm.autostop to choose)"
     if setting == "auto":
-        model = (session.stack or {}).get("provisioning_model")
-        return AUTOSTOP_BY_MODEL.get(model) if model else None
+        seconds = AUTOSTOP_BY_MODEL.get(model)
+        return seconds, f"auto for {model}" if seconds else f"off: {model} (the reservation is billed either way)"
     number, unit = re.fullmatch(r"(\d+)([smh])", setting).groups()
-    return int(number) * UNIT_SECONDS[unit]
+    return int(number) * UNIT_SECONDS[unit], f"vm.autostop {setting}"
 
 
 def preflight_request(session: Session) -> dict:
@@ -83,13 +90,13 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
     ]
     body = {"run": session.plan.run_name, "jobs": entries, "preflight": preflight_request(session)}
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
-    autostop = autostop_seconds(session)
+    idle, why = autostop(session, jobs)
     return {
         **body,
         "digest": digest,
         "hint": session.hint(task),
         "started_by": owner(),
-        "autostop": {"idle_seconds": autostop, "command": session.plan.spec.vm.autostop_command},
+        "autostop": {"idle_seconds": idle, "why": why, "command": session.plan.spec.vm.autostop_command},
     }
 
 
@@ -104,6 +111,8 @@ def status_lines(record: dict | None) -> list[str]:
     """fab status's lines on the pipeline: its state, what failed, and the VM's autostop."""
     if record is None:
         return ["pipeline: none has run on this VM yet"]
+    if "state" not in record:  # the driver could not be read or started
+        return [f"pipeline: the VM's driver did not answer: {record.get('error', '?')[-300:]}"]
     lines = [f"pipeline: {describe(record)}"]
     if record["state"] == PipelineState.INTERRUPTED.value:
         lines.append("  its driver had stopped; this command started it again")
@@ -119,7 +128,7 @@ def status_lines(record: dict | None) -> list[str]:
             f"(this one started the wait again: at {clock(time.time() + idle)})"
         )
     elif not idle:
-        lines.append("  autostop: off (vm.autostop in jobs/pipeline.yaml)")
+        lines.append(f"  autostop: {record.get('autostop_why') or 'off'}")
     return lines
 
 

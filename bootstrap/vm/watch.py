@@ -33,6 +33,7 @@ class Watcher:
         self.preflight: list[str] = []
         self.problems: list[str] = []
         self.outcome: PipelineState | None = None
+        self.seen: set[tuple] = set()
 
     def say(self, text: str) -> None:
         self.session.console.print(text, markup=False, highlight=False)
@@ -45,6 +46,10 @@ class Watcher:
         return self.progress[name]
 
     def feed(self, item: dict) -> None:
+        key = _identity(item)
+        if key is not None and key in self.seen:  # sent again to a watcher that followed a restarted driver
+            return
+        self.seen.add(key)
         if "line" in item:
             self._bar(item["job"]).feed(item["line"])
             return
@@ -54,7 +59,9 @@ class Watcher:
             if item["action"] != Action.SKIP.value:
                 self._bar(job)
         elif event == "relaunch":
-            self.say(f"{job}: its runner stopped; starting one that takes over")
+            self.say(
+                f"{job}: its runner stopped; a new one adopts the job, or runs it again if it had ended unrecorded"
+            )
         elif event == "preflight":
             failed = [
                 f"{self.session.vm.name}: preflight {c['check']}: {c['message']}" for c in item["checks"] if not c["ok"]
@@ -136,3 +143,10 @@ class Watcher:
             span = (max(ends) - min(starts)) / 60
             table.add_row("pipeline (first start to last end)", "", f"{span:.1f}", f"{span / 60 * chips:.2f}")
         return table
+
+
+def _identity(item: dict) -> tuple | None:
+    """What makes an item of the VM's stream unique: a line's log and number, an event's time (None: none)."""
+    if "n" in item:
+        return ("line", item["job"], item.get("log"), item["n"])
+    return ("event", item["t"], item["event"], item.get("job")) if "t" in item else None

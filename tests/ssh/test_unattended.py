@@ -51,7 +51,7 @@ def test_the_laptop_gone_during_convert_the_vm_finishes_train_export_and_the_cop
     wait_for(lambda: done(fab, "publish-hub"), what="the Hub copy, with no fab running")
     for job in ("convert", "train", "export", "publish-hub"):
         assert starts(job_folder(fab, job), job if job != "publish-hub" else "hub_upload") == 1, job
-    assert pipeline(fab)["state"] == "done"
+    wait_for(lambda: pipeline(fab)["state"] == "done", what="the driver to see the copy done")
     card = fab.hub.repos[repo]["README.md"].decode()
     assert "| before training | 33.33 |" in card  # filled on the VM from train's log, with no laptop
     again = fab("train", *SLOW_CONVERT)
@@ -118,6 +118,7 @@ def test_detach_returns_while_the_pipeline_runs_and_it_finishes_alone(fab: Fab):
 
 def test_autostop_shuts_the_vm_down_after_the_idle_time_and_a_fab_command_puts_it_off(fab: Fab):
     shutdown = fab.tmp / "shutdown-called"
+    set_results(fab, hub_repo=f"tester/autostop-{fab.tmp.name}")  # the model is kept: the VM may stop
     edit_yaml(
         fab.jobs / "pipeline.yaml",
         lambda d: d["vm"].update(autostop="12s", autostop_command=["sh", "-c", f"date +%s.%N > {shutdown}"]),
@@ -134,8 +135,12 @@ def test_autostop_shuts_the_vm_down_after_the_idle_time_and_a_fab_command_puts_i
     assert "autostop: shut the VM down at" in fab("status").stdout
 
 
-def test_autostop_is_off_for_a_vm_given_with_h(fab: Fab):
-    result = fab("train", "--arg", "vars.num_batches=2")
-    assert result.returncode == 0, result.stderr
-    assert "autostop: off" in fab("status").stdout
+def test_autostop_is_off_without_a_durable_copy_and_by_default_for_a_vm_given_with_h(fab: Fab):
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vm"].update(autostop="12s"))
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    assert "autostop: off: nothing keeps the model outside the VM" in fab("status").stdout  # /dev/shm: the only copy
     wait_for(lambda: not jobrunner.alive(pipeline(fab)), timeout=60, what="the driver to end: nothing to wait for")
+    set_results(fab, hub_repo=f"tester/auto-{fab.tmp.name}")
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vm"].update(autostop="auto"))
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    assert "autostop: off: a VM given with -H" in fab("status").stdout

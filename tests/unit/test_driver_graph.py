@@ -288,3 +288,16 @@ def test_a_single_job_sends_what_it_needs_as_jobs_that_must_be_done_already():
         ("export", True),
     ]
     assert plan["hint"] == "fab export --run-name run-1"
+
+
+def test_a_stream_sent_again_after_a_driver_restart_is_shown_once(tmp_path, monkeypatch):
+    w, out = watcher(tmp_path, monkeypatch)
+    stream = [
+        {"t": 1.0, "event": "decide", "job": "train", "action": "start", "message": "train: starting", "state": {}},
+        {"job": "train", "log": 7, "n": 1, "line": "[tpu-rl] starting train"},
+    ]
+    for item in stream + stream:  # the first driver's stream, then the revived one's replay of it
+        w.feed(item)
+    w.feed({"job": "train", "log": 8, "n": 1, "line": "[tpu-rl] starting train"})  # a fresh attempt's log
+    assert out.getvalue().count("train: starting") == 1
+    assert out.getvalue().count("[train] [tpu-rl] starting train") == 2

@@ -19,10 +19,16 @@ from bootstrap.remote import gcs_upload, manifest
 URL = "gs://my-results/runs/2026-11-30-12-00-00"
 FAKE_GCLOUD = r"""#!PYTHON
 import base64, hashlib, json, os, shutil, sys
-bucket = os.environ["FAKE_BUCKET"]
+base = "gs://my-results/runs/2026-11-30-12-00-00"  # URL: FAKE_BUCKET holds what lies below it
 args = sys.argv[1:]
+
+def folder(url):
+    below = url.removesuffix("/**").removeprefix(base).strip("/")
+    return os.path.join(os.environ["FAKE_BUCKET"], below)
+
 if args[:2] == ["storage", "rsync"]:
-    source = args[-2]
+    source, bucket = args[-2], folder(args[-1])
+    os.makedirs(bucket, exist_ok=True)
     assert os.environ.get("CLOUDSDK_STORAGE_PARALLEL_COMPOSITE_UPLOAD_ENABLED") == "False"
     for name in os.listdir(source):
         target = os.path.join(bucket, name)
@@ -30,12 +36,14 @@ if args[:2] == ["storage", "rsync"]:
         if not (same_size and os.environ.get("FAKE_SIZE_ONLY")):
             shutil.copy(os.path.join(source, name), target)
 elif args[:3] == ["storage", "objects", "list"]:
-    if not os.listdir(bucket):  # as gcloud says it
+    bucket, prefix = folder(args[3]), args[3].removeprefix("gs://my-results/").removesuffix("**")
+    names = sorted(n for n in os.listdir(bucket) if os.path.isfile(os.path.join(bucket, n))) if os.path.isdir(bucket) else []
+    if not names:  # as gcloud says it
         sys.exit("ERROR: (gcloud.storage.objects.list) One or more URLs matched no objects.")
     items = [
-        {"name": "runs/2026-11-30-12-00-00/" + n, "size": str(os.path.getsize(os.path.join(bucket, n))),
+        {"name": prefix + n, "size": str(os.path.getsize(os.path.join(bucket, n))),
          "md5Hash": base64.b64encode(hashlib.md5(open(os.path.join(bucket, n), "rb").read()).digest()).decode()}
-        for n in sorted(os.listdir(bucket))
+        for n in names
     ]
     print(json.dumps(items))
 else:
@@ -119,3 +127,19 @@ def test_a_copy_of_the_same_export_that_stopped_half_way_carries_on(export, tmp_
     (bucket / "config.json").write_bytes((folder / "config.json").read_bytes())  # copied before the stop
     (bucket / ".cache").write_bytes(b"rsync copies hidden files that the manifest leaves out")
     assert gcs_upload.main([str(folder), URL, "--marker", str(tmp_path / "copied.json")]) == 0
+
+
+def test_by_export_each_export_gets_its_own_prefix_and_an_earlier_one_stays(export, tmp_path):
+    """A run exported again (new weights after a lost /dev/shm) is copied beside the first copy, never over it."""
+    folder, bucket = export
+    first_marker, second_marker = tmp_path / "first.json", tmp_path / "second.json"
+    assert gcs_upload.main([str(folder), URL, "--by-export", "--marker", str(first_marker)]) == 0
+    first = json.loads(first_marker.read_text())["url"]
+    (folder / "model.safetensors").write_bytes(b"weights of run 3")
+    manifest.write(str(folder))
+    assert gcs_upload.main([str(folder), URL, "--by-export", "--marker", str(second_marker)]) == 0
+    second = json.loads(second_marker.read_text())["url"]
+    key = hashlib.sha256((folder / "SHA256SUMS").read_bytes()).hexdigest()[:12]
+    assert second == f"{URL}/{key}" and first != second
+    assert (bucket / first.rsplit("/", 1)[1] / "model.safetensors").read_bytes() == b"weights of run 2"
+    assert (bucket / key / "model.safetensors").read_bytes() == b"weights of run 3"
