@@ -26,7 +26,6 @@ one JSON object a line), seen (touched by every fab command and watcher: autosto
 from __future__ import annotations
 
 import enum
-import errno
 import fcntl
 import json
 import os
@@ -226,11 +225,6 @@ class Graph:
 # --- the driver process -------------------------------------------------------------------------
 
 
-def _folder(layout: Layout) -> str:
-    os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
-    return layout.pipeline
-
-
 def _path(layout: Layout, name: str) -> str:
     return os.path.join(layout.pipeline, name)
 
@@ -266,14 +260,19 @@ class Driver:
             "autostop_why": (plan.get("autostop") or {}).get("why", ""),
         }
         self.graph = Graph(plan["jobs"], self._state_of, self._launch, self._preflight, self.emit)
+        self.written = False  # driver.json of this driver: `start` waits for it
 
     def emit(self, event: dict) -> None:
         with open(_path(self.layout, EVENTS), "a") as events:  # one whole line per write: a reader never sees half
             events.write(json.dumps({"t": time.time(), **event}) + "\n")
 
     def save(self, **changes) -> None:
-        self.record.update(changes, running=sorted(self.graph.running), failed=self.graph.failed)
-        write_json(_path(self.layout, DRIVER), self.record)
+        """driver.json, written when something changed (the graph is looked at ten times a second)."""
+        before = json.dumps(self.record)
+        self.record.update(changes, running=sorted(self.graph.running), failed=dict(self.graph.failed))
+        if json.dumps(self.record) != before or not self.written:
+            write_json(_path(self.layout, DRIVER), self.record)
+            self.written = True
 
     def _state_of(self, job: dict) -> dict:
         return jobrunner.job_state(os.path.expanduser(job["job_dir"]))
@@ -285,8 +284,7 @@ class Driver:
         except RuntimeError as err:  # its runner did not start
             return str(err)
         except OSError as err:  # its folder cannot be written (a full disk): this job fails, not the driver
-            hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-            return f"could not start: {err.strerror or err} ({err.filename}){hint}"
+            return f"could not start: {jobrunner.os_error_text(err)}"
         return None
 
     def _preflight(self) -> list[dict]:
@@ -301,7 +299,7 @@ class Driver:
                 time.sleep(POLL_SECONDS)
             outcome = self.graph.outcome
         except OSError as err:  # its own files cannot be written: end the pipeline failed, never restart in a loop
-            self.graph.failed["driver"] = f"{err.strerror or err} ({err.filename})"
+            self.graph.failed["driver"] = jobrunner.os_error_text(err)
             outcome = PipelineState.FAILED
         self.save(state=outcome.value, since=time.time())
         self.emit({"event": "finished", "state": outcome.value, "failed": self.graph.failed})
@@ -396,7 +394,7 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
     Returns the exit code and what to print: {"started"|"attached"|"busy": the pipeline's record}.
     """
     plan = json.loads(plan_text)
-    _folder(layout)
+    os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
     with open(_path(layout, START_LOCK), "a+") as serial:
         fcntl.flock(serial, fcntl.LOCK_EX)  # one start at a time decides
         touch_seen(layout)

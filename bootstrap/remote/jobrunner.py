@@ -573,11 +573,15 @@ def main(argv: list[str]) -> int:
     return 64
 
 
-def os_error(command: str, err: OSError) -> int:
-    """A failed file operation on the VM in one line (a full disk says what to do), and exit 74."""
+def os_error_text(err: OSError) -> str:
+    """A failed file operation on the VM in one line; a full disk says what to do."""
     where = f" ({err.filename})" if err.filename else ""
     hint = "; free some space on the VM" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-    print(f"{command}: {err.strerror or err}{where}{hint}", file=sys.stderr)
+    return f"{err.strerror or err}{where}{hint}"
+
+
+def os_error(command: str, err: OSError) -> int:
+    print(f"{command}: {os_error_text(err)}", file=sys.stderr)
     return 74
 
 
