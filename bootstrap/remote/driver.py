@@ -357,27 +357,13 @@ def run(layout: Layout) -> int:
 
 def _spawn(layout: Layout) -> dict:
     """Start the driver detached and return its record once it has written one."""
-    err_path = _path(layout, DRIVER_ERR)
-    with open(err_path, "ab") as err:
-        offset = err.tell()
-        process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "run", layout.root],
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=err,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + START_WAIT_SECONDS
-    while True:
+
+    def record_of(pid: int) -> dict | None:
         record = read_json(_path(layout, DRIVER))
-        if record and record.get("pid") == process.pid:
-            return record
-        if process.poll() is not None or time.monotonic() > deadline:
-            with open(err_path, "rb") as f:
-                f.seek(offset)
-                text = f.read().decode(errors="replace").strip()
-            raise RuntimeError(f"the pipeline driver did not start: {text[-2000:] or 'no output'}")
-        time.sleep(0.01)
+        return record if record and record.get("pid") == pid else None
+
+    argv = [sys.executable, os.path.abspath(__file__), "run", layout.root]
+    return jobrunner.spawn(argv, _path(layout, DRIVER_ERR), record_of, "the pipeline driver", START_WAIT_SECONDS)
 
 
 def _stop(record: dict) -> None:

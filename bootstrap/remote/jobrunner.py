@@ -342,25 +342,31 @@ def launch(job_dir: str, spec_text: str) -> dict:
         os.replace(os.path.join(job_dir, f"{SPEC}.tmp"), os.path.join(job_dir, SPEC))
     if os.path.exists(os.path.join(job_dir, RUNNER)):  # a dead runner's: wait below for the new one's
         os.remove(os.path.join(job_dir, RUNNER))
-    err_path = os.path.join(job_dir, RUNNER_ERR)
+    runner = [sys.executable, os.path.abspath(__file__), "run", job_dir]
+    spawn(
+        runner,
+        os.path.join(job_dir, RUNNER_ERR),
+        lambda _: os.path.exists(os.path.join(job_dir, RUNNER)),
+        "the job runner",
+    )
+    return job_state(job_dir)
+
+
+def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS):
+    """Start `argv` detached (its own session; its output appended to `err_path`) and return `ready(pid)`'s
+    first true answer. Raises RuntimeError with what it wrote when it ended first or took over `wait` s."""
     offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
     with open(err_path, "ab") as err:
-        runner_process = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "run", job_dir],
-            stdin=subprocess.DEVNULL,
-            stdout=err,
-            stderr=err,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + LAUNCH_WAIT_SECONDS
-    while not os.path.exists(os.path.join(job_dir, RUNNER)):
-        if runner_process.poll() is not None or time.monotonic() > deadline:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+    deadline = time.monotonic() + wait
+    while not (answer := ready(process.pid)):
+        if process.poll() is not None or time.monotonic() > deadline:
             with open(err_path, "rb") as f:
                 f.seek(offset)
                 text = f.read().decode(errors="replace").strip()
-            raise RuntimeError(f"the job runner did not start: {text[-2000:] or 'no output'}")
+            raise RuntimeError(f"{what} did not start: {text[-2000:] or 'no output'}")
         time.sleep(0.01)
-    return job_state(job_dir)
+    return answer
 
 
 class Redactor:

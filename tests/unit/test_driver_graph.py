@@ -202,14 +202,19 @@ def feed_all(w: Watcher, jobs: FakeJobs, graph: Graph) -> None:
     w.feed({"event": "finished", "state": graph.outcome.value})
 
 
-def test_a_failed_job_is_reported_with_its_log_and_a_hint_that_works_as_printed(tmp_path, monkeypatch):
+def convert_ends(state: JobState, tmp_path, monkeypatch) -> tuple[Watcher, io.StringIO]:
+    """The pipeline with convert ending `state`, as fab's watcher saw it."""
     jobs = FakeJobs(
-        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE},
-        after={"convert": [JobState.FAILED]},
+        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE}, after={"convert": [state]}
     )
     graph = jobs.drive()
     w, out = watcher(tmp_path, monkeypatch)
     feed_all(w, jobs, graph)
+    return w, out
+
+
+def test_a_failed_job_is_reported_with_its_log_and_a_hint_that_works_as_printed(tmp_path, monkeypatch):
+    w, out = convert_ends(JobState.FAILED, tmp_path, monkeypatch)
     with pytest.raises(UserError) as raised:
         w.finish()
     assert str(raised.value) == (
@@ -221,13 +226,7 @@ def test_a_failed_job_is_reported_with_its_log_and_a_hint_that_works_as_printed(
 
 
 def test_an_interrupted_runner_shows_its_own_errors(tmp_path, monkeypatch):
-    jobs = FakeJobs(
-        {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE},
-        after={"convert": [JobState.INTERRUPTED]},
-    )
-    graph = jobs.drive()
-    w, out = watcher(tmp_path, monkeypatch)
-    feed_all(w, jobs, graph)
+    w, out = convert_ends(JobState.INTERRUPTED, tmp_path, monkeypatch)
     with pytest.raises(UserError, match="convert interrupted on vm"):
         w.finish()
     assert "runner | last line of convert runner.err" in out.getvalue()
