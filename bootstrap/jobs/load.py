@@ -10,6 +10,8 @@ reported at once.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +27,9 @@ PIPELINE_FILE = "pipeline.yaml"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Looked up on the VM when the job starts (see bootstrap/remote/jobrunner.py).
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:[^{}]+)\}")
+# The key of a job's definition (see RenderedJob.key): a folder named by what made it, e.g. the converted
+# checkpoint's, so a convert with other arguments writes beside the first one, never over it.
+JOB_KEY = re.compile(r"\$\{key:([^{}]*)\}")
 
 
 @dataclass
@@ -90,9 +95,39 @@ class RenderedJob:
     outputs: list[str]
     after: list[list[str]] = field(default_factory=list)
     progress: dict | None = None
+    key: str = ""  # what defines it (command, environment, outputs), as 12 hex digits: see `with_keys`
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def definition_key(job: RenderedJob) -> str:
+    """The hash of what the job does and writes, with ${key:...} references left as written."""
+    return hashlib.sha256(json.dumps([job.argv, job.env, job.outputs, job.after]).encode()).hexdigest()[:12]
+
+
+def with_keys(jobs: list[RenderedJob]) -> list[RenderedJob]:
+    """Each job with its key, and every ${key:JOB} replaced by that job's key. Keys are taken before the
+    replacement, so a job may name its own key in its outputs, and two jobs may name each other's."""
+    keys = {job.name: definition_key(job) for job in jobs}
+    put = lambda text: JOB_KEY.sub(lambda m: keys[m.group(1)], text)  # noqa: E731
+    return [
+        RenderedJob(
+            **{
+                **job.to_dict(),
+                "argv": [put(a) for a in job.argv],
+                "env": {k: put(v) for k, v in job.env.items()},
+                "inputs": [put(p) for p in job.inputs],
+                "outputs": [put(p) for p in job.outputs],
+                "after": [[put(a) for a in step] for step in job.after],
+                "progress": {**job.progress, "tensorboard_dir": put(job.progress["tensorboard_dir"])}
+                if job.progress
+                else None,
+                "key": keys[job.name],
+            }
+        )
+        for job in jobs
+    ]
 
 
 def _validate(model, doc: Loaded, problems: list[Problem]):
@@ -251,7 +286,7 @@ def resolve(files: JobFiles, overrides: list[str] = (), provided: dict[str, str]
         raise UserError(problems)
     values = _resolve_vars(pipeline_doc, {**provided_values(spec), **(provided or {})}, problems)
     for job in jobs.values():
-        _resolve_job(job, values, problems)
+        _resolve_job(job, values, spec.jobs, problems)
     ordered = _order(jobs, spec.jobs, problems)
     if problems:
         raise UserError(problems)
@@ -293,11 +328,16 @@ def _job_values(job: Job, values: dict[str, str], problems: list[Problem]) -> di
     return {**values, TRAIN_STEPS: str(steps), CHECKPOINT_PERIOD: str(max(1, steps // CHECKPOINTS_PER_RUN))}
 
 
-def _resolve_job(job: Job, values: dict[str, str], problems: list[Problem]) -> None:
+def _resolve_job(job: Job, values: dict[str, str], job_names: list[str], problems: list[Problem]) -> None:
     values = _job_values(job, values, problems)
 
     def sub(text: str, *path: str) -> str:
-        return substitute(text, values.__getitem__, job.origin(*path), ".".join(path), problems, values)
+        text = substitute(text, values.__getitem__, job.origin(*path), ".".join(path), problems, values)
+        for name in JOB_KEY.findall(text):
+            if name not in job_names:
+                message = f"${{key:{name}}} names no job; jobs are {', '.join(job_names)}"
+                problems.append(job.origin(*path).problem(".".join(path), message))
+        return text
 
     spec = job.spec
     spec.args = {k: sub(v, "args", k) for k, v in spec.args.items()}
@@ -325,7 +365,7 @@ SETUP = "setup"  # the environment build every MaxText module needs
 
 
 def render(pipeline: Pipeline) -> list[RenderedJob]:
-    """The exact argv and environment of every job, in run order."""
+    """The exact argv and environment of every job, in run order, each with its key."""
     python = pipeline.spec.environment.python_path
     rendered = []
     for job in pipeline.jobs.values():
@@ -357,4 +397,4 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 else None,
             )
         )
-    return rendered
+    return with_keys(rendered)

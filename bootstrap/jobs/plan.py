@@ -140,10 +140,6 @@ def _validate_job(spec: PipelineSpec, layout: Layout, jobs: list[RenderedJob]) -
     return PlannedJob(VALIDATE, job_dir, runner_spec(layout, VALIDATE, argv, [marker]), (SETUP,), shared=True)
 
 
-def _job_key(job: RenderedJob) -> str:
-    return hashlib.sha256(json.dumps([job.argv, job.env, job.outputs, job.after]).encode()).hexdigest()[:12]
-
-
 def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN) -> Plan:
     """Render every job for `run_name` and place it: in the run's folder, or shared by all runs."""
     pipeline = resolve(files, overrides, {"run_name": run_name})
@@ -157,7 +153,7 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         shared = job == other[job.name] and all(need in shared_names for need in job.needs)
         if shared:
             shared_names.add(job.name)
-        job_dir = layout.shared(job.name, _job_key(job)) if shared else layout.run_job(run_name, job.name)
+        job_dir = layout.shared(job.name, job.key) if shared else layout.run_job(run_name, job.name)
         runner = runner_spec(
             layout, job.name, job.argv, job.outputs, env=job.env, secrets=job.secrets, cwd=job.cwd, after=job.after
         )

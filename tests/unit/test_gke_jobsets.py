@@ -148,7 +148,9 @@ def test_train_is_xpks_pathways_jobset_for_v6e_16():
 
 
 def test_train_carries_pathways_settings_and_the_token_only_by_reference():
-    train = jobsets.manifests(rendered_jobs(), TARGET, RUN)["train"]
+    jobs = rendered_jobs()
+    train = jobsets.manifests(jobs, TARGET, RUN)["train"]
+    convert_key = next(job.key for job in jobs if job.name == "convert")
     trainer = train["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in trainer["env"]}
     assert env["JAX_PLATFORMS"] == "proxy" and env["ENABLE_PATHWAYS_PERSISTENCE"] == "1"
@@ -160,7 +162,7 @@ def test_train_carries_pathways_settings_and_the_token_only_by_reference():
     for arg in ("chips_per_vm=4", "checkpoint_storage_use_ocdbt=False", "checkpoint_storage_use_zarr3=False"):
         assert arg in argv
     assert "base_output_directory=gs://my-results/llama3.1-8b-Instruct/post-train" in argv
-    assert "load_parameters_path=gs://my-results/llama3.1-8b-Instruct/mt-format/0/items" in argv
+    assert f"load_parameters_path=gs://my-results/llama3.1-8b-Instruct/mt-format/{convert_key}/0/items" in argv
     tokens = [e for c in containers(train) for e in c.get("env", []) if e["name"] == "HF_TOKEN"]
     assert tokens and all("value" not in e for e in tokens)  # by reference to the Secret, never a value
 

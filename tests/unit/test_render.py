@@ -1,10 +1,12 @@
 """The shipped jobs render to the reference workload's commands, corrected (workload.md 3 and 4)."""
 
 import os
+import re
 import shlex
 
 import pytest
 
+from bootstrap.errors import UserError
 from bootstrap.jobs import load
 from bootstrap.jobs.check import check_pipeline
 from bootstrap.jobs.load import render
@@ -61,16 +63,28 @@ def normalize(arg: str) -> str:
     return f"{key}={os.path.normpath(value)}" if sep and value.startswith("/") else arg
 
 
-def reference_argv(job: str) -> list[str]:
+def reference_argv(job: str, key: str) -> list[str]:
     text = REFERENCE[job]
-    for name, value in GUIDE_VARS.items():
+    for name, value in {
+        **GUIDE_VARS,
+        "MODEL_CHECKPOINT_DIRECTORY": f"{GUIDE_VARS['MODEL_CHECKPOINT_DIRECTORY']}{key}",
+    }.items():
         text = text.replace(f"${name}", value)
     return [normalize(a) for a in shlex.split(text)]
 
 
+def rendered(overrides=()) -> dict:
+    return {job.name: job for job in render(load_pipeline(REPO / "jobs", list(overrides), {"run_name": RUN}))}
+
+
 @pytest.fixture(scope="module")
 def jobs():
-    return {job.name: job for job in render(load_pipeline(REPO / "jobs", [], {"run_name": RUN}))}
+    return rendered()
+
+
+def converted(jobs) -> str:
+    """The converted checkpoint's folder: the guide's, plus convert's key (see test_converted_folder_...)."""
+    return f"/dev/shm/llama3.1-8b-Instruct/mt-format/{jobs['convert'].key}"
 
 
 def test_run_order(jobs):
@@ -81,14 +95,14 @@ def test_run_order(jobs):
 def test_argv_matches_reference(jobs, name):
     argv = jobs[name].argv
     assert argv[0] == "~/maxtext_venv/bin/python3"
-    expected = reference_argv(name)[1:]
+    expected = reference_argv(name, jobs["convert"].key)[1:]
     if name == "train":  # the launcher runs the module in place of `python -m`
         expected[0] = "tpu-rl/bin/maxtext_run.py"
     assert [normalize(a) for a in argv[1:]] == expected
 
 
 def test_export_argv_matches_reference_but_finds_the_last_step_itself(jobs):
-    expected = reference_argv("export")[1:]
+    expected = reference_argv("export", jobs["convert"].key)[1:]
     actor = f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor"
     expected[expected.index(f"load_parameters_path={actor}/50/model_params")] = (
         f"load_parameters_path={actor}/${{latest_step:{actor}}}/model_params"
@@ -109,7 +123,7 @@ def test_token_only_as_a_declared_secret(jobs):
 
 
 def test_outputs_decide_done(jobs):
-    assert jobs["convert"].outputs == ["/dev/shm/llama3.1-8b-Instruct/mt-format/0/items"]
+    assert jobs["convert"].outputs == [f"{converted(jobs)}/0/items"]
     assert jobs["train"].outputs == [f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor/*/model_params"]
     assert jobs["export"].outputs[1].endswith(f"hf-trained/{RUN}/generation_config.json")
     assert jobs["export"].needs == ["setup", "train"] and jobs["convert"].needs == ["setup", "prefetch"]
@@ -142,3 +156,25 @@ def test_overrides_change_only_what_they_name():
     assert "num_batches=100" in overridden["train"].argv
     assert overridden["train"].argv[-1] == "rl.num_generations=4"
     assert "num_batches=50" not in overridden["train"].argv
+
+
+def test_converted_folder_is_named_by_what_convert_does(jobs):
+    """A convert with other arguments writes beside the first checkpoint, never over it, and train loads
+    the one its convert made; the folder's name is the convert's shared key."""
+    other = rendered(["convert.scan_layers=False"])
+    assert re.fullmatch(r"[0-9a-f]{12}", jobs["convert"].key) and other["convert"].key != jobs["convert"].key
+    for run in (jobs, other):
+        assert run["convert"].outputs == [f"{converted(run)}/0/items"]
+        assert f"base_output_directory={converted(run)}" in run["convert"].argv
+        assert f"load_parameters_path={converted(run)}/0/items" in run["train"].argv
+        assert run["train"].inputs == [f"{converted(run)}/0/items"]
+    assert rendered()["convert"].key == jobs["convert"].key  # the same definition, the same folder
+    assert rendered(["train.num_batches=7"])["convert"].key == jobs["convert"].key
+
+
+def test_a_key_of_no_job_is_refused_with_its_origin():
+    with pytest.raises(UserError) as err:
+        load_pipeline(REPO / "jobs", ["vars.checkpoint_dir=/dev/shm/m/${key:convrt}"], {"run_name": RUN})
+    text = str(err.value)
+    assert "convert.yaml" in text and "args.base_output_directory" in text
+    assert "${key:convrt} names no job; jobs are prefetch, convert, train, export" in text
