@@ -38,6 +38,7 @@ else:
     vm = TpuVm("tpu-rl", settings)
     pulumi.export("instance_name", vm.instance.name)
     pulumi.export("instance_id", vm.instance.instance_id)  # fab pins the VM's host keys under this id
+    pulumi.export("instance_urn", vm.instance.urn)  # what `fab train --recover` replaces when the VM is stopped
     pulumi.export("external_ip", vm.external_ip)
     pulumi.export("hosts", vm.external_ip.apply(lambda ip: [ip]))
     pulumi.export("ssh_user", settings.ssh_user)

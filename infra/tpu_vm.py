@@ -134,7 +134,9 @@ class TpuVm(pulumi.ComponentResource):
             metadata=metadata(s),
             tags=[network_tag],
             labels=labels,
-            opts=child,
+            # The name is fixed, so a replacement (`fab train --recover` of a stopped VM, a new machine
+            # type) must delete the old instance before it creates the new one.
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(delete_before_replace=True)),
         )
         self.external_ip = self.instance.network_interfaces[0].access_configs[0].nat_ip
         self.register_outputs({"instance_id": self.instance.instance_id, "external_ip": self.external_ip})

@@ -1,7 +1,9 @@
-"""The one Compute Engine API call fab makes, on 127.0.0.1: instances.getGuestAttributes.
+"""The two Compute Engine API calls fab makes, on 127.0.0.1: instances.getGuestAttributes and instances.get.
 
 The real google-cloud-compute client talks to it through TPU_RL_COMPUTE_API. Each
-instance publishes its host keys (or nothing yet: 404, as before the guest agent ran).
+instance publishes its host keys (or nothing yet: 404, as before the guest agent ran)
+and has an id and a status (no record: 404, a deleted VM). A test's stand-in `pulumi up`,
+another process, changes an instance with PUT or DELETE on /stub/instances/NAME.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from tests import stubserver
 PATH = re.compile(
     r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/getGuestAttributes\?queryPath=hostkeys%2F$"
 )
+GET = re.compile(r"/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/?]+)$")
+CONTROL = re.compile(r"/stub/instances/([^/]+)$")
 
 
 @dataclass
 class Compute:
     host_keys: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # instance -> (type, base64)
     not_yet: dict[str, int] = field(default_factory=dict)  # instance -> answers to give as "not published"
+    instances: dict[str, dict] = field(default_factory=dict)  # instance -> {"id": ..., "status": ...}
     requests: list[str] = field(default_factory=list)
     url: str = ""
 
@@ -39,7 +44,25 @@ def _handler(compute: Compute):
             self.end_headers()
             self.wfile.write(data)
 
+        def not_found(self, instance: str) -> None:
+            message = f"The resource 'projects/p/zones/z/instances/{instance}' was not found"
+            self.answer(404, {"error": {"code": 404, "message": message}})
+
+        def do_PUT(self):
+            name = CONTROL.match(self.path).group(1)
+            compute.instances[name] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.answer(200, compute.instances[name])
+
+        def do_DELETE(self):
+            compute.instances.pop(CONTROL.match(self.path).group(1), None)
+            self.answer(200, {})
+
         def do_GET(self):
+            if got := GET.match(self.path):
+                instance = got.group(3)
+                if instance not in compute.instances:
+                    return self.not_found(instance)
+                return self.answer(200, {"name": instance, **compute.instances[instance]})
             match = PATH.match(self.path)
             if not match:
                 return self.answer(400, {"error": {"code": 400, "message": f"unexpected {self.path}"}})
@@ -47,8 +70,7 @@ def _handler(compute: Compute):
             compute.requests.append(instance)
             if compute.not_yet.get(instance, 0) > 0 or instance not in compute.host_keys:
                 compute.not_yet[instance] = compute.not_yet.get(instance, 0) - 1
-                message = f"The resource 'projects/p/zones/z/instances/{instance}' was not found"
-                return self.answer(404, {"error": {"code": 404, "message": message}})
+                return self.not_found(instance)
             items = [
                 {"namespace": "hostkeys", "key": kind, "value": data} for kind, data in compute.host_keys[instance]
             ]

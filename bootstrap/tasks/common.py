@@ -54,12 +54,18 @@ def reports_errors(body: Callable) -> Callable:
 
 
 def open_session(
-    c: Context, overrides: list[str], run_name: str | None = None, new_run: bool = False, runs_jobs: bool = True
+    c: Context,
+    overrides: list[str],
+    run_name: str | None = None,
+    new_run: bool = False,
+    runs_jobs: bool = True,
+    recover: bool = False,
 ) -> Session:
     """Check everything local first, then connect, choose the run, and build the one plan.
 
     Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting.
-    A stack of the gke backend is driven through its cluster, everything else over SSH.
+    A stack of the gke backend is driven through its cluster, everything else over SSH; `recover`
+    first recreates the stack's VM if it is gone.
     """
     files = load.read(jobs_dir())
     pipeline = check_local(files, overrides)
@@ -75,14 +81,20 @@ def open_session(
         console.print("checking the Hugging Face token")
         for line in hub.preflight(values["HF_TOKEN"], base_model_of(pipeline), pipeline.spec.results.hub_repo):
             console.print(f"  {line}")
+    if target and recover:
+        raise UserError("--recover recreates the vm backend's VM; on gke the cluster replaces lost nodes itself")
     if target:
         console.print(f"connecting to the GKE cluster {outputs['cluster_name']} (Pulumi stack outputs)")
         driver = gke.connect(outputs, Cleaner(values.values()))
         source = f"{runs.runs_dir()}/{runs.CURRENT}"
     else:
+        if recover:
+            outputs = connect.recover(outputs, console.print)
         conn = connect.connection(c, console.print, outputs)
         console.print(f"connecting to {conn.host} ({'-H' if outputs is None else 'Pulumi stack outputs'})")
-        driver = Vm(connect.open_connection(conn), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()))
+        driver = Vm(
+            connect.open_connection(conn, outputs), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values())
+        )
         source = f"{driver.name}:{driver.layout.current_run}"
     name, why = choose_run(driver.install(values, pipeline.spec.vm.startup_marker), source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")

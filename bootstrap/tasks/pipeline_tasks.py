@@ -21,9 +21,9 @@ RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
 DETACH_HELP = "return as soon as the pipeline runs on the VM (watch it later with the same command, or fab status)"
 
 
-def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False) -> None:
+def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False, recover=False) -> None:
     """Bring the selected jobs (all by default, and then the durable copies) to done on the VM."""
-    session = open_session(c, arg or [], run_name, new_run)
+    session = open_session(c, arg or [], run_name, new_run, recover=recover)
     plan = session.plan
     names = plan.names if only is None else [n for n in plan.names if n in (SETUP, *only)]
     if not names:  # `fab setup` on gke: the image is the environment
@@ -56,12 +56,13 @@ def setup(c, arg=None):
         **RUN_OPTIONS,
         "new_run": "start a new run with a fresh name instead of continuing the current one",
         "detach": DETACH_HELP,
+        "recover": "if the stack's VM is gone or stopped, recreate it first (your `pulumi up`), then carry on",
     },
 )
 @reports_errors
-def train(c, arg=None, run_name=None, new_run=False, detach=False):
+def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False):
     """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
-    _run(c, arg, run_name, "train", None, new_run, detach)
+    _run(c, arg, run_name, "train", None, new_run, detach, recover)
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)

@@ -23,7 +23,7 @@ from paramiko.ssh_exception import NoValidConnectionsError
 
 from ..errors import UserError
 from ..paths import REPO
-from . import hostkeys
+from . import compute, hostkeys
 
 CONNECT_TIMEOUT_SECONDS = 15
 KEEPALIVE_SECONDS = 30
@@ -94,8 +94,42 @@ def connection(c: Context, say: Callable[[str], None], outputs: dict | None = No
     return conn
 
 
-def open_connection(conn: Connection) -> Connection:
-    """Open it, or raise one line that says what went wrong and what to do."""
+def open_connection(conn: Connection, outputs: dict | None = None) -> Connection:
+    """Open it, or raise one line that says what went wrong and what to do: for the stack's VM (its
+    `outputs`) that it is gone or stopped, when the Compute Engine API says so."""
+    try:
+        return _open(conn)
+    except UserError:
+        if outputs is not None and (gone := compute.gone(outputs)):
+            raise UserError(str(gone)) from None
+        raise
+
+
+def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
+    """Recreate the stack's VM with the user's own `pulumi up` when it is gone; the stack's outputs after.
+
+    A deleted VM is dropped from the state by the refresh and created again; a stopped or foreign
+    one is replaced. A VM that runs as the stack says is left alone.
+    """
+    if outputs is None:
+        raise UserError("--recover recreates the Pulumi stack's VM; a VM given with -H is yours to recreate")
+    gone = compute.gone(outputs)
+    if gone is None:
+        say(f"the stack's VM {outputs['instance_name']} runs: nothing to recreate")
+        return outputs
+    command = ["pulumi", "up", "--yes", "--skip-preview", "--refresh"]
+    if gone.exists:
+        if not outputs.get("instance_urn"):
+            raise UserError("the Pulumi stack has no `instance_urn` output: run `pulumi up` with this version first")
+        command += ["--replace", outputs["instance_urn"]]
+    say(f"the stack's VM {gone.name} {gone.why}: recreating it with `{' '.join(command)}`")
+    if subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL).returncode != 0:
+        raise UserError(f"`{' '.join(command)}` failed (its output is above); fix that, then {compute.RECOVER} again")
+    hostkeys.Pins().forget(str(outputs.get("instance_id")))
+    return stack_outputs()
+
+
+def _open(conn: Connection) -> Connection:
     where = f"{conn.user}@{conn.host}:{conn.port}"
     timeout = conn.connect_timeout
     try:

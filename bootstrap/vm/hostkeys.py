@@ -13,8 +13,7 @@ went to someone else would receive the Hugging Face token. Instead:
   both fingerprints; an unknown one is refused until `fab -H HOST trust-host` records it.
 
 Either way the connection uses a reject policy: a key not pinned is never accepted.
-The Google client library is imported only when keys are fetched: it adds about half a
-second to every `fab` otherwise.
+The API itself is bootstrap/vm/compute.py's.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from ..errors import UserError
 from ..paths import pinned_host_keys
+from . import compute
 
 # Only this type is pinned from the guest attributes: any process on the VM may write guest attributes, so
 # a key the VM's sshd does not serve must not become trusted; the VM image's sshd serves ed25519, and the
@@ -39,8 +39,6 @@ PINNED_TYPE = "ssh-ed25519"
 HOST_KEY_WAIT_SECONDS = 300  # the guest agent publishes the keys within a minute or two of the first boot
 POLL_SECONDS = 5
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
-# For tests: a local stand-in of the Compute Engine API (plain http, no credentials).
-COMPUTE_API_ENV = "TPU_RL_COMPUTE_API"
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -96,46 +94,25 @@ def lookup_name(host: str, port: int) -> str:
 # --- The stack's VM: keys from the Compute Engine API ------------------------------------
 
 
-def _compute_client():
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
-
-    endpoint = os.environ.get(COMPUTE_API_ENV)
-    if endpoint:
-        from google.auth.credentials import AnonymousCredentials
-
-        options = ClientOptions(api_endpoint=endpoint)
-        return compute_v1.InstancesClient(credentials=AnonymousCredentials(), transport="rest", client_options=options)
-    return compute_v1.InstancesClient(transport="rest")
-
-
 def published_keys(project: str, zone: str, instance: str) -> list[tuple[str, str]]:
     """The VM's host keys as (type, base64) from its guest attributes, checked as gcloud checks them.
 
     Empty when the VM has not published them yet.
     """
-    from google.api_core import exceptions
-    from google.auth.exceptions import DefaultCredentialsError
     from google.cloud import compute_v1
 
     request = compute_v1.GetGuestAttributesInstanceRequest(
         project=project, zone=zone, instance=instance, query_path="hostkeys/"
     )
-    try:
-        answer = _compute_client().get_guest_attributes(request=request, timeout=30)
-    except DefaultCredentialsError:
-        raise UserError(
-            "no Google credentials to read the VM's SSH host keys: run `gcloud auth application-default login`"
-        ) from None
-    except exceptions.NotFound:
+    answer = compute.ask(
+        f"{instance}'s SSH host keys (its guest attributes, where they are pinned from)",
+        "compute.instances.getGuestAttributes",
+        project,
+        lambda: compute.instances_client().get_guest_attributes(request=request, timeout=30),
+        None,
+    )
+    if answer is None:
         return []
-    except exceptions.Forbidden:
-        raise UserError(
-            f"your Google account may not read {instance}'s guest attributes "
-            f"(compute.instances.getGuestAttributes on {project}); the SSH host keys are pinned from there"
-        ) from None
-    except exceptions.GoogleAPIError as err:
-        raise UserError(f"the Compute Engine API failed reading {instance}'s SSH host keys: {err}") from None
     keys = []
     for item in answer.query_value.items:
         if item.namespace != "hostkeys" or item.key != PINNED_TYPE:
@@ -157,6 +134,8 @@ def wait_for_keys(
     deadline = time.monotonic() + wait
     said = False
     while not (keys := published_keys(project, zone, instance)):
+        if not said and (why := compute.gone({"project": project, "zone": zone, "instance_name": instance})):
+            raise UserError(str(why))  # nothing will ever publish them
         if not said:
             say(f"waiting for {instance} to publish its SSH host keys (first boot; up to {wait:.0f} s)")
             said = True
@@ -186,7 +165,14 @@ class Pins:
         """Record `keys` for this instance at this address, replacing what was pinned for either."""
         alias = f"compute.{instance_id}"
         kept = [e for e in self.entries if alias not in e.hostnames and address not in e.hostnames]
-        self.entries = kept + [HostKeyEntry([alias, address], key) for key in keys]
+        self._write(kept + [HostKeyEntry([alias, address], key) for key in keys])
+
+    def forget(self, instance_id: str) -> None:
+        """Drop what was pinned for an instance that is gone (replaced by `fab train --recover`)."""
+        self._write([e for e in self.entries if f"compute.{instance_id}" not in e.hostnames])
+
+    def _write(self, entries: list[HostKeyEntry]) -> None:
+        self.entries = entries
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")  # two fabs pinning at once
         temporary.write_text("".join(e.to_line() for e in self.entries))

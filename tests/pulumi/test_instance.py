@@ -93,6 +93,8 @@ def test_outputs_for_the_bootstrap():
     assert outputs["project"] == "my-project"
     assert outputs["instance_name"] == "tpu-rl-v6e-8"
     assert outputs["instance_id"] == FAKE_INSTANCE_ID
+    # what `fab train --recover` passes to `pulumi up --replace` for a stopped VM: the instance itself
+    assert outputs["instance_urn"] == "urn:pulumi:dev::tpu-rl::tpu-rl:index:TpuVm$gcp:compute/instance:Instance::tpu-vm"
     assert outputs["bucket"] is None
 
 

@@ -1,25 +1,23 @@
 """Host keys: only the VM's own key is accepted, pinned from the Compute Engine API or known_hosts.
 
 The loopback sshd plays the VM; tests/computestub.py plays the Compute Engine API's
-guest attributes; a `pulumi` on PATH prints the stack's outputs.
+guest attributes; a stand-in `pulumi` on PATH prints the stack's outputs (tests/stack.py).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from bootstrap.errors import UserError
+from bootstrap.vm import compute as compute_api
 from bootstrap.vm import hostkeys
-from tests import computestub
-from tests.loopback import REPO, Fab
+from tests.loopback import REPO
+from tests.stack import INSTANCE, Stack
 
-INSTANCE = "tpu-rl-v6e-8"
 BROKEN_KEY = base64.b64encode(b"\x00\x00\x00\x0bssh-ed25519" + b"\x01" * 7).decode()  # base64, but no key
 
 
@@ -37,47 +35,6 @@ def key_fields(public_key_file) -> tuple[str, str]:
 def other_key(tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "other"], check=True)
     return tmp_path / "other.pub"
-
-
-class Stack:
-    """fab without -H: the VM from `pulumi stack output --json`, its keys from the Compute API stand-in."""
-
-    def __init__(self, fab: Fab, compute: computestub.Compute, instance_id: str = "1001"):
-        self.fab, self.compute = fab, compute
-        self.bin = fab.tmp / "pulumi-bin"
-        self.bin.mkdir(exist_ok=True)
-        self.pins = fab.tmp / "pins" / "known_hosts"
-        self.recreate(instance_id)
-
-    def recreate(self, instance_id: str) -> None:
-        self.outputs(
-            {
-                "backend": "vm",
-                "hosts": [f"127.0.0.1:{self.fab.host.port}"],
-                "ssh_user": self.fab.host.user,
-                "instance_id": instance_id,
-                "instance_name": INSTANCE,
-                "project": "my-project",
-                "zone": "us-east5-b",
-            }
-        )
-
-    def outputs(self, outputs: dict) -> None:
-        """What `pulumi stack output --json` prints."""
-        script = self.bin / "pulumi"
-        script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(outputs)}\nEOF\n")
-        script.chmod(0o755)
-
-    def __call__(self, *args: str) -> subprocess.CompletedProcess:
-        env = {
-            **self.fab.env(),
-            "PATH": f"{self.bin}:{self.fab.env()['PATH']}",
-            hostkeys.COMPUTE_API_ENV: self.compute.url,
-            "TPU_RL_KNOWN_HOSTS": str(self.pins),
-        }
-        fab = str(Path(sys.executable).with_name("fab"))
-        command = [fab, "-r", str(REPO), "-i", str(self.fab.host.key), *args]
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_stack_vm_connects_with_the_published_key_and_pins_it(fab, compute):
@@ -136,8 +93,9 @@ def test_only_a_valid_ed25519_key_is_pinned(fab, compute, tmp_path):
 
 
 def test_a_broken_published_key_alone_is_one_line_after_the_wait(compute, monkeypatch):
-    monkeypatch.setenv(hostkeys.COMPUTE_API_ENV, compute.url)
+    monkeypatch.setenv(compute_api.COMPUTE_API_ENV, compute.url)
     compute.host_keys["broken-vm"] = [("ssh-ed25519", BROKEN_KEY)]
+    compute.instances["broken-vm"] = {"id": "6006", "status": "RUNNING"}
     with pytest.raises(UserError, match="broken-vm has not published a valid ssh-ed25519 SSH host key"):
         hostkeys.wait_for_keys("my-project", "us-east5-b", "broken-vm", lambda line: None, wait=0)
 
@@ -164,11 +122,22 @@ def test_pins_written_by_many_fabs_at_once_never_fail(tmp_path):
 
 
 def test_keys_never_published_end_in_a_clear_error(compute, monkeypatch):
-    monkeypatch.setenv(hostkeys.COMPUTE_API_ENV, compute.url)
+    monkeypatch.setenv(compute_api.COMPUTE_API_ENV, compute.url)
+    compute.instances["never-booted"] = {"id": "7007", "status": "STAGING"}
     said = []
     with pytest.raises(UserError, match="has not published a valid ssh-ed25519 SSH host key .* after 1 s; is the VM"):
         hostkeys.wait_for_keys("my-project", "us-east5-b", "never-booted", said.append, wait=1)
     assert said == ["waiting for never-booted to publish its SSH host keys (first boot; up to 1 s)"]
+
+
+def test_a_deleted_vm_is_said_at_once_instead_of_waiting_for_its_keys(compute, monkeypatch):
+    monkeypatch.setenv(compute_api.COMPUTE_API_ENV, compute.url)
+    with pytest.raises(UserError) as err:
+        hostkeys.wait_for_keys("my-project", "us-east5-b", "deleted-vm", lambda line: None, wait=300)
+    assert str(err.value) == (
+        "the stack's VM deleted-vm no longer exists (deleted on host maintenance, preemption or the end of its run "
+        "time); its /dev/shm went with it. Recreate it and carry on: fab train --recover"
+    )
 
 
 def test_unknown_host_is_refused_until_trusted_once(fab):
