@@ -38,15 +38,18 @@ SCOPES = [
 
 
 def tpu_node_config(settings: Settings) -> gcp.container.NodePoolNodeConfigArgs:
-    """The TPU hosts: capacity from the reservation, spot or flex-start, as on the vm backend."""
+    """The TPU hosts: capacity from the reservation, spot or flex-start, as on the vm backend (a configured
+    reservation is used by STANDARD hosts too; flex-start takes none, as XPK's --reservation-affinity=none)."""
     model = settings.provisioning_model
     reservation = None
-    if model == "RESERVATION_BOUND":
+    if settings.reservation:
         reservation = gcp.container.NodePoolNodeConfigReservationAffinityArgs(
             consume_reservation_type="SPECIFIC_RESERVATION",
             key="compute.googleapis.com/reservation-name",
             values=[settings.reservation],
         )
+    elif model == "FLEX_START":
+        reservation = gcp.container.NodePoolNodeConfigReservationAffinityArgs(consume_reservation_type="NO_RESERVATION")
     return gcp.container.NodePoolNodeConfigArgs(
         machine_type=TPU_MACHINE_TYPE,
         reservation_affinity=reservation,
@@ -162,13 +165,24 @@ class GkeSlice(pulumi.ComponentResource):
             resource_labels=labels,
             opts=child,
         )
+        # Flex-start as XPK creates it (xpk/core/capacity.py, nodepool.py): no hosts until a workload asks,
+        # then the whole slice (--enable-autoscaling --location-policy=ANY --max-nodes=N --num-nodes=0), and no
+        # auto-repair (--no-enable-autorepair), which would recreate hosts that flex-start has released.
+        flex = s.provisioning_model == "FLEX_START"
         gcp.container.NodePool(
             "tpu",
             name=f"{gke.cluster_name}-np-0",
             cluster=self.cluster.name,
             location=s.zone,
             node_locations=[s.zone],
-            node_count=gke.nodes,
+            node_count=None if flex else gke.nodes,
+            initial_node_count=0 if flex else None,
+            autoscaling=gcp.container.NodePoolAutoscalingArgs(
+                location_policy="ANY", min_node_count=0, max_node_count=gke.nodes
+            )
+            if flex
+            else None,
+            management=gcp.container.NodePoolManagementArgs(auto_repair=False) if flex else None,
             max_pods_per_node=15,
             placement_policy=gcp.container.NodePoolPlacementPolicyArgs(type="COMPACT", tpu_topology=gke.topology),
             node_config=tpu_node_config(s),

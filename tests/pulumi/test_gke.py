@@ -49,6 +49,26 @@ def test_spot_and_flex_start_instead_of_a_reservation():
     assert flex["nodeConfig"]["flexStart"] is True and flex["nodeConfig"]["maxRunDuration"] == "14400s"
 
 
+def test_flex_start_pool_is_xpks():
+    """xpk cluster create-pathways --flex: --flex-start --enable-autoscaling --location-policy=ANY
+    --reservation-affinity=none --no-enable-autorepair --max-nodes=<hosts> --num-nodes=0 (xpk/core/capacity.py)."""
+    config = {**GKE, "tpu-rl:provisioningModel": "FLEX_START", "tpu-rl:maxRunDurationSeconds": "14400"}
+    flex = pools(run_program(config, drop=("tpu-rl:reservation",)))["tpu"]
+    hosts = xpk.system("v6e-16").vms_per_slice  # the default topology, 4x4
+    assert flex["autoscaling"] == {"locationPolicy": "ANY", "minNodeCount": 0, "maxNodeCount": hosts}
+    assert flex["initialNodeCount"] == 0 and "nodeCount" not in flex
+    assert flex["management"] == {"autoRepair": False}
+    assert flex["nodeConfig"]["reservationAffinity"] == {"consumeReservationType": "NO_RESERVATION"}
+
+
+def test_a_standard_pool_uses_the_configured_reservation_as_the_vm_backend_does():
+    standard = pools(run_program({**GKE, "tpu-rl:provisioningModel": "STANDARD"}))["tpu"]
+    assert standard["nodeConfig"]["reservationAffinity"]["values"] == ["my-v6e-reservation"]
+    assert standard["nodeCount"] == xpk.system("v6e-16").vms_per_slice and "autoscaling" not in standard and "management" not in standard
+    bare = pools(run_program({**GKE, "tpu-rl:provisioningModel": "STANDARD"}, drop=("tpu-rl:reservation",)))["tpu"]
+    assert "reservationAffinity" not in bare["nodeConfig"]
+
+
 def test_cluster_cpu_pool_and_identity_as_xpk_sets_them_up():
     stack = run_program(GKE)
     cluster = stack.one("gcp:container/cluster:Cluster")
