@@ -64,7 +64,11 @@ def test_flex_start_pool_is_xpks():
 def test_a_standard_pool_uses_the_configured_reservation_as_the_vm_backend_does():
     standard = pools(run_program({**GKE, "tpu-rl:provisioningModel": "STANDARD"}))["tpu"]
     assert standard["nodeConfig"]["reservationAffinity"]["values"] == ["my-v6e-reservation"]
-    assert standard["nodeCount"] == xpk.system("v6e-16").vms_per_slice and "autoscaling" not in standard and "management" not in standard
+    assert (
+        standard["nodeCount"] == xpk.system("v6e-16").vms_per_slice
+        and "autoscaling" not in standard
+        and "management" not in standard
+    )
     bare = pools(run_program({**GKE, "tpu-rl:provisioningModel": "STANDARD"}, drop=("tpu-rl:reservation",)))["tpu"]
     assert "reservationAffinity" not in bare["nodeConfig"]
 

@@ -1,0 +1,104 @@
+"""Cloud Storage for the VM's runner: what is in the bucket, and small records written there.
+
+Standard library only (it runs before any environment exists), through the JSON API: the
+VM's service account token from the metadata server, or with STORAGE_EMULATOR_HOST (the
+variable google-cloud-storage reads) an emulator, without credentials. The big objects are
+MaxText's own business: it writes and reads its checkpoints in the bucket itself.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+SCHEME = "gs://"
+TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
+TIMEOUT_SECONDS = 60
+REFRESH_SECONDS = 300  # a token this close to its end is fetched again (a runner lives as long as its job)
+_token: tuple[str, float] = ("", 0.0)  # the metadata server's access token and when it ends
+
+
+def is_gcs(path: str) -> bool:
+    return path.startswith(SCHEME)
+
+
+def split(url: str) -> tuple[str, str]:
+    """gs://bucket/some/name -> (bucket, some/name)."""
+    bucket, _, name = url.removeprefix(SCHEME).partition("/")
+    return bucket, name
+
+
+def _base() -> str:
+    return os.environ.get("STORAGE_EMULATOR_HOST", "https://storage.googleapis.com").rstrip("/")
+
+
+def _headers() -> dict[str, str]:
+    global _token
+    if "STORAGE_EMULATOR_HOST" in os.environ:
+        return {}
+    if time.time() > _token[1] - REFRESH_SECONDS:
+        server = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")  # google-auth's variable
+        asked = urllib.request.Request(f"http://{server}{TOKEN_PATH}", headers={"Metadata-Flavor": "Google"})
+        with urllib.request.urlopen(asked, timeout=TIMEOUT_SECONDS) as answer:
+            granted = json.load(answer)
+        _token = (granted["access_token"], time.time() + float(granted.get("expires_in", 0)))
+    return {"Authorization": f"Bearer {_token[0]}"}
+
+
+def _call(url: str, data: bytes | None = None, method: str = "GET") -> bytes:
+    request = urllib.request.Request(url, data=data, method=method, headers=_headers())
+    with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
+        return answer.read()
+
+
+def names(url: str) -> list[str]:
+    """The names of every object below the prefix `url` (gs://bucket/prefix), as gs:// URLs."""
+    bucket, prefix = split(url)
+    found, page = [], None
+    while True:
+        query = {"prefix": prefix, "fields": "items(name),nextPageToken", **({"pageToken": page} if page else {})}
+        listing = json.loads(_call(f"{_base()}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"))
+        found += [f"{SCHEME}{bucket}/{item['name']}" for item in listing.get("items", [])]
+        if not (page := listing.get("nextPageToken")):
+            return sorted(found)
+
+
+def _pattern(glob: str) -> re.Pattern:
+    """A glob whose * and ? stay within one path segment, as on a file system."""
+    return re.compile(fnmatch.translate(glob).replace(".*", "[^/]*").replace("(?s:.)", "[^/]"))
+
+
+def matches(glob: str) -> list[str]:
+    """What a glob names in the bucket: objects, or "folders" with at least one object below them."""
+    literal = re.split(r"[*?\[]", glob, maxsplit=1)[0]
+    pattern = _pattern(glob.rstrip("/"))
+    found = set()
+    for name in names(literal):
+        parts = name.split("/")
+        for end in range(3, len(parts) + 1):  # gs:, "", bucket, then the name's segments
+            if pattern.fullmatch("/".join(parts[:end])):
+                found.add("/".join(parts[:end]))
+    return sorted(found)
+
+
+def read(url: str) -> bytes | None:
+    """An object's bytes; None when there is none."""
+    bucket, name = split(url)
+    try:
+        return _call(f"{_base()}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media")
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            return None
+        raise
+
+
+def write(url: str, data: bytes) -> None:
+    bucket, name = split(url)
+    query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+    _call(f"{_base()}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST")
