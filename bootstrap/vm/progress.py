@@ -9,6 +9,7 @@ ETA on one shared display; elsewhere, plain lines and a heartbeat.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ class JobProgress:
         self.count: tuple[int, int] | None = None
         self.count_started: tuple[float, int] | None = None
         self.collected: list[dict] = []
+        self.attempts = evals.Attempts()
         self.bars = bars
         self.task = bars.add_task(self.phase, total=None, job=job) if bars else None
 
@@ -123,8 +125,9 @@ class JobProgress:
 
     def feed(self, line: str) -> None:
         update = parse(line, self.total_steps)
+        labelled = self.attempts.read(line)  # an eval of a resumed attempt is labelled as such
         if update is not None:
-            self._apply(update)
+            self._apply(dataclasses.replace(update, eval=labelled) if update.kind == "eval" else update)
         self._heartbeat()
 
     def _apply(self, update: Update) -> None:

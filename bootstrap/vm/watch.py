@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import UserError
 from ..jobs.plan import PlannedJob
-from ..remote import jobrunner
+from ..remote import evals, jobrunner
 from ..remote.driver import Action, PipelineState
 from ..results.runs import minutes
 from ..session import Session
@@ -94,8 +94,8 @@ class Watcher:
         self.ended[name] = status
         record.note_job(name, status)
         progress = self.progress.get(name)
-        if progress is not None and progress.evals:  # its log is read from its start: the whole list
-            record.evals = progress.evals
+        if progress is not None and progress.evals:  # its log is read from its start: this attempt's whole list
+            record.evals = evals.final(evals.merged(record.evals, progress.evals), progress.total_steps)
         record.save()
         if status.state is jobrunner.JobState.DONE:
             self.say(f"{name}: done in {minutes(record.jobs[name]) or 0:.1f} min")

@@ -6,6 +6,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bootstrap.remote.evals import final as final_evals
+from bootstrap.remote.evals import merged
 from bootstrap.vm.output import Cleaner, lines
 from bootstrap.vm.progress import Board, JobProgress, eval_table, parse
 
@@ -150,3 +151,28 @@ def test_eval_table():
     text = out.getvalue()
     assert "before training" in text and "step 2" in text and "after training" in text
     assert "step 4" not in text and "0/2" in text
+
+
+def test_a_resumed_attempts_pre_eval_is_not_the_base_models_and_the_first_attempts_is_kept():
+    """On a new VM train_rl restores the last checkpoint (tunix's line), then its Pre eval scores those
+    weights: shown as "resumed at step 2"; the base model's, from the lost VM's attempt, stays in the record."""
+    first = JobProgress(Console(file=io.StringIO()), "train", total_steps=4)
+    for line in recorded("train")[
+        : next(i for i, line in enumerate(recorded("train")) if "Intermediate Eval" in line) + 1
+    ]:
+        first.feed(line)  # the lost VM's attempt, as this laptop saw it: the Pre eval and step 2's
+    restored = "I1201 10:00:00.000000 1 checkpoint_manager.py:235] Restored params from step: 2 in 1.234 seconds"
+    second = JobProgress(Console(file=io.StringIO()), "train", total_steps=4)
+    for line in [restored, PRE.replace("corr=0", "corr=1").replace("accuracy=0.0%", "accuracy=50.0%", 1), RAW_FLOAT]:
+        second.feed(line)
+    assert [(e["phase"], e["step"]) for e in second.evals] == [("resumed", 2), ("post", None)]
+    kept = merged(first.evals, second.evals)
+    assert [(e["phase"], e["step"], e["accuracy"]) for e in kept] == [
+        ("pre", None, 0.0),  # the base model, from the first attempt
+        ("intermediate", 2, first.evals[1]["accuracy"]),
+        ("resumed", 2, 50.0),
+        ("post", None, 33.33333333333333),
+    ]
+    table = io.StringIO()
+    Console(file=table, width=200).print(eval_table(kept))
+    assert "before training" in table.getvalue() and "resumed at step 2" in table.getvalue()
