@@ -184,8 +184,38 @@ def write_test_jobs(directory: Path, tmp: Path, packages: list[str], venv: Path 
     (directory / "pipeline.yaml").write_text(yaml.safe_dump(pipeline, sort_keys=False))
 
 
+class Runs:
+    """Runs `fab` as `command()` and `env()` say: to its end, or started in the background."""
+
+    def command(self, *args: str) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.command(*args),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            self.command(*args),
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+
 @dataclass
-class Fab:
+class Fab(Runs):
     host: Host
     tmp: Path
     token: str
@@ -215,26 +245,6 @@ class Fab:
     def command(self, *args: str) -> list[str]:
         fab = Path(sys.executable).with_name("fab")
         return [str(fab), "-r", str(REPO), "-H", self.host.target, "-i", str(self.host.key), *args]
-
-    def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            self.command(*args),
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def start(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(
-            self.command(*args),
-            env=self.env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            stdin=subprocess.DEVNULL,
-        )
 
     def job_dir(self, run: str, job: str) -> Path:
         return self.tmp / "state" / "runs" / run / job

@@ -8,13 +8,12 @@ records its arguments, then "recreates" the VM: the outputs become the next ones
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 from bootstrap.vm import compute as compute_api
 from tests import computestub
-from tests.loopback import REPO, Fab
+from tests.loopback import REPO, Fab, Runs
 
 INSTANCE = "tpu-rl-v6e-8"
 PULUMI = """#!{python}
@@ -35,7 +34,7 @@ else:
 """
 
 
-class Stack:
+class Stack(Runs):
     """fab without -H: the VM from the stack's outputs, its keys and state from the Compute API stand-in."""
 
     def __init__(self, fab: Fab, compute: computestub.Compute, instance_id: str = "1001"):
@@ -92,13 +91,3 @@ class Stack:
 
     def command(self, *args: str) -> list[str]:
         return [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "-i", str(self.fab.host.key), *args]
-
-    def __call__(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            self.command(*args),
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )

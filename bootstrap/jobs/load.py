@@ -77,6 +77,7 @@ class Pipeline:
     spec: PipelineSpec
     doc: Loaded
     jobs: dict[str, Job]  # in run order
+    values: dict[str, str] = field(default_factory=dict)  # the shared vars, resolved
 
 
 @dataclass
@@ -290,7 +291,7 @@ def resolve(files: JobFiles, overrides: list[str] = (), provided: dict[str, str]
     ordered = _order(jobs, spec.jobs, problems)
     if problems:
         raise UserError(problems)
-    return Pipeline(files.directory, spec, pipeline_doc, ordered)
+    return Pipeline(files.directory, spec, pipeline_doc, ordered, values)
 
 
 def provided_values(spec: PipelineSpec) -> dict[str, str]:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from .. import secrets
 from ..errors import UserError
+from ..remote import gcs
 from ..remote.jobrunner import Layout
 from . import check, environment, schedule
 from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
@@ -27,6 +28,7 @@ RUN_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a lette
 PLACEHOLDER_RUN = "<run_name>"
 _OTHER_RUN = "~another-run~"  # never a valid run name, so it cannot collide with a real one
 VALIDATE = "validate"  # MaxText's own check of every job's arguments, before the first job
+DURABLE_DIR = "durable_dir"  # the var naming where the converted model and the checkpoints live
 
 
 def check_run_name(name: str, source: str = "--run-name") -> str:
@@ -70,6 +72,7 @@ class Plan:
     layout: Layout
     jobs: tuple[PlannedJob, ...]  # setup first, then in run order
     base_model: str | None = None  # the Hugging Face repo the model is converted from
+    durable_dir: str = ""  # vars.durable_dir: the converted model's and the checkpoints' place (gs://: a bucket)
 
     def job(self, name: str) -> PlannedJob:
         for job in self.jobs:
@@ -140,6 +143,14 @@ def _validate_job(spec: PipelineSpec, layout: Layout, jobs: list[RenderedJob]) -
     return PlannedJob(VALIDATE, job_dir, runner_spec(layout, VALIDATE, argv, [marker]), (SETUP,), shared=True)
 
 
+def _durable_record(durable_dir: str, layout: Layout, job_dir: str, outputs: list[str]) -> str | None:
+    """Where a job whose outputs all live in the bucket records that it is done, beside them: a new VM
+    finds the job done there (its outputs verified again) instead of running it again."""
+    if not gcs.is_gcs(durable_dir) or not outputs or not all(o.startswith(f"{durable_dir}/") for o in outputs):
+        return None
+    return f"{durable_dir}/tpu-rl/{job_dir.removeprefix(f'{layout.root}/')}.json"
+
+
 def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN) -> Plan:
     """Render every job for `run_name` and place it: in the run's folder, or shared by all runs."""
     pipeline = resolve(files, overrides, {"run_name": run_name})
@@ -154,9 +165,12 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         if shared:
             shared_names.add(job.name)
         job_dir = layout.shared(job.name, job.key) if shared else layout.run_job(run_name, job.name)
+        record = _durable_record(pipeline.values.get(DURABLE_DIR, ""), layout, job_dir, job.outputs)
         runner = runner_spec(
             layout, job.name, job.argv, job.outputs, env=job.env, secrets=job.secrets, cwd=job.cwd, after=job.after
         )
+        if record:
+            runner = MappingProxyType({**runner, "record": record})
         # A MaxText job after another one waits for the check of all of them; the first (convert) does not:
         # MaxText checks its arguments at its own start, in seconds, and it runs beside the check.
         follows_module = any(need in modules for need in job.needs)
@@ -167,4 +181,5 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
     if spec.vm.validate_args:
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
-    return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline))
+    durable = pipeline.values.get(DURABLE_DIR, "")
+    return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), durable)

@@ -88,6 +88,11 @@ class Action(enum.Enum):
 def decide(name: str, state: dict) -> tuple[Action, str]:
     """The decision table: one action and one line for the user per job state."""
     job_state = JobState(state["state"])
+    if job_state is JobState.DONE and state.get("restored_from"):
+        return (
+            Action.SKIP,
+            f"{name}: done already, kept in the bucket (finished {clock(state.get('finished'))}), skipping",
+        )
     if job_state is JobState.DONE:
         return Action.SKIP, f"{name}: done already (finished {clock(state.get('finished'))}, outputs present), skipping"
     if job_state is JobState.RUNNING:
@@ -137,6 +142,7 @@ class Graph:
                     self._decide(job)
             if self.failed:
                 return False
+            self._skip_unneeded()
         self._start_ready()
         for name in sorted(self.running):
             self._check(name)
@@ -154,6 +160,21 @@ class Graph:
             for name, job in self.jobs.items()
             if name not in decided and (not job.get("start", True) or all(n in self.done for n in job["needs"]))
         ]  # a job only needed is looked at first: its own needs are not in the plan
+
+    def _skip_unneeded(self) -> None:
+        """A job that only done jobs need is not run (prefetch, when the model it converts is kept in the bucket)."""
+        done = {name for name, job in self.jobs.items() if JobState(self.state_of(job)["state"]) is JobState.DONE}
+        changed = True
+        while changed:
+            changed = False
+            for name in self.jobs:
+                dependants = [n for n, job in self.jobs.items() if name in job["needs"]]
+                if name not in done and dependants and all(n in done for n in dependants):
+                    done.add(name)
+                    self.done.add(name)
+                    message = f"{name}: not needed, {', '.join(dependants)} done already"
+                    self.emit({"event": "decide", "job": name, "action": Action.SKIP.value, "message": message})
+                    changed = True
 
     def _start_ready(self) -> None:
         self._block_dependants()
@@ -275,7 +296,7 @@ class Driver:
             self.written = True
 
     def _state_of(self, job: dict) -> dict:
-        return jobrunner.job_state(os.path.expanduser(job["job_dir"]))
+        return jobrunner.job_state(os.path.expanduser(job["job_dir"]), job["spec"])
 
     def _launch(self, job: dict) -> str | None:
         """Start (or adopt) the job; why it could not start, or None."""

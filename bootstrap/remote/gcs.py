@@ -102,3 +102,20 @@ def write(url: str, data: bytes) -> None:
     bucket, name = split(url)
     query = urllib.parse.urlencode({"uploadType": "media", "name": name})
     _call(f"{_base()}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST")
+
+
+def probe(url: str) -> str | None:
+    """What keeps this machine from working below `url` as MaxText does (it reads the bucket's metadata,
+    then writes and reads objects), or None."""
+    bucket, _ = split(url)
+    check = f"{url.rstrip('/')}/tpu-rl/probe"
+    try:
+        _call(f"{_base()}/storage/v1/b/{bucket}?fields=name")
+        write(check, b"tpu-rl")
+        if read(check) != b"tpu-rl":
+            return f"{check} reads back other bytes"
+    except urllib.error.HTTPError as err:
+        return f"HTTP {err.code} {err.reason}"
+    except OSError as err:
+        return str(err)
+    return None

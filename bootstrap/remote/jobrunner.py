@@ -16,7 +16,10 @@ writes its exit code to a file: if the runner dies, the job goes on, and the nex
 re-attaches a new runner to it instead of starting a second copy. A job counts as done
 only when it exited 0 and every declared output exists; `done` is written after that
 check and never before. A job done for `inputs` (files it read, such as an export's
-SHA256SUMS) is done only while they are unchanged.
+SHA256SUMS) is done only while they are unchanged. Outputs may live in Cloud Storage
+(gs://, through gcs.py beside it): a job whose spec names a `record` there writes it once
+its outputs were verified, and a new VM that finds the record (and the outputs, verified
+again) takes the job as done instead of running it again.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+
+try:
+    from . import gcs  # on the laptop: bootstrap.remote.gcs
+except ImportError:
+    import gcs  # on the VM: beside this script in the tools folder
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
@@ -142,8 +150,14 @@ def alive(record: dict | None) -> bool:
 
 
 def latest_step(directory: str) -> str:
-    """The highest finished step under a checkpoint directory (Orbax temp dirs are ignored)."""
-    steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+    """The highest finished step under a checkpoint directory: on a disk Orbax renames a step's temporary
+    folder when it is complete; in Cloud Storage it writes commit_success.txt into the step's folder last."""
+    if gcs.is_gcs(directory):
+        prefix = f"{directory.rstrip('/')}/"
+        committed = (re.fullmatch(r"([0-9]+)/commit_success\.txt", n.removeprefix(prefix)) for n in gcs.names(prefix))
+        steps = [int(m.group(1)) for m in committed if m]
+    else:
+        steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
     if not steps:
         raise LookupError(f"no checkpoint step under {directory}")
     return str(max(steps))
@@ -158,12 +172,19 @@ def resolve_runtime(text: str) -> str:
     return DEFERRED.sub(replace, text)
 
 
+def matches(pattern: str) -> list[str]:
+    """What an output's glob names now: files and folders, or objects and "folders" in the bucket."""
+    return gcs.matches(pattern) if gcs.is_gcs(pattern) else sorted(glob.glob(os.path.expanduser(pattern)))
+
+
 def missing_outputs(patterns: list[str]) -> list[str]:
-    """Outputs (globs) with no match, or whose only matches are empty directories."""
+    """Outputs (globs) with no match, or whose only matches are empty directories (a bucket has none)."""
     missing = []
     for pattern in patterns:
-        matches = glob.glob(os.path.expanduser(pattern))
-        if not any(os.path.isfile(m) or (os.path.isdir(m) and os.listdir(m)) for m in matches):
+        found = matches(pattern)
+        if not (gcs.is_gcs(pattern) and found) and not any(
+            os.path.isfile(m) or (os.path.isdir(m) and os.listdir(m)) for m in found
+        ):
             missing.append(pattern)
     return missing
 
@@ -180,9 +201,26 @@ def inputs_digest(paths: list[str]) -> str:
     return digest.hexdigest()
 
 
-def job_state(job_dir: str) -> dict:
-    """The job's state and the facts behind it (times, exit code, outputs)."""
+def restore(job_dir: str, spec: dict) -> bool:
+    """Take a job as done from its record in the bucket (made on a VM since lost), its outputs verified
+    there again; False when there is no record or an output is missing."""
+    text = gcs.read(spec["record"])
+    if text is None or missing_outputs(spec["outputs"]):
+        return False
+    done = json.loads(text)
+    os.makedirs(job_dir, mode=0o700, exist_ok=True)
+    write_json(os.path.join(job_dir, SPEC), spec)
+    write_json(os.path.join(job_dir, DONE), {**done, "restored_from": spec["record"]})
+    write_json(os.path.join(job_dir, RESULT), {"exit_code": 0, "finished": done["finished"], "error": None})
+    return True
+
+
+def job_state(job_dir: str, planned: dict | None = None) -> dict:
+    """The job's state and the facts behind it (times, exit code, outputs). With its `planned` spec, a job
+    never run here but recorded done in the bucket is restored first (see `restore`)."""
     path = lambda name: os.path.join(job_dir, name)  # noqa: E731
+    if planned and planned.get("record") and not os.path.exists(path(RUNNER)) and not os.path.exists(path(DONE)):
+        restore(job_dir, planned)
     spec = read_json(path(SPEC)) or {}
     runner, process = read_json(path(RUNNER)), read_json(path(PROCESS))
     result, done = read_json(path(RESULT)), read_json(path(DONE))
@@ -195,6 +233,8 @@ def job_state(job_dir: str) -> dict:
     if done:
         missing = missing_outputs(spec.get("outputs", []))
         state.update(state=JobState.LOST if missing else JobState.DONE, outputs=done["outputs"], missing=missing)
+        if done.get("restored_from"):
+            state["restored_from"] = done["restored_from"]
         if not missing and spec.get("inputs") and done.get("inputs") != inputs_digest(spec["inputs"]):
             state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
     elif result:
@@ -273,7 +313,7 @@ class _Job:
 
     def run(self) -> int:
         """Run (or adopt) the job, then write its verdict."""
-        inputs = inputs_digest(self.spec.get("inputs") or [])  # as the job is about to read them
+        self.inputs = inputs_digest(self.spec.get("inputs") or [])  # as the job is about to read them
         write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
         exit_code, error = 1, None
         with open(self.path(LOG), "ab", buffering=0) as log:
@@ -290,16 +330,31 @@ class _Job:
             except (OSError, LookupError, KeyError) as err:
                 exit_code, error = 1, f"could not start: {err}"
                 self.note(log, error)
-            missing = missing_outputs(self.spec["outputs"]) if exit_code == 0 else []
-            if missing:
-                error = f"exited 0 but outputs are missing: {', '.join(missing)}"
-                self.note(log, error)
+            if exit_code == 0:
+                error = self.verify(log)
         # `done` before the verdict: a reader between the two writes must never see exit 0 without `done` (failed)
-        if exit_code == 0 and not missing:
-            outputs = sorted(m for p in self.spec["outputs"] for m in glob.glob(os.path.expanduser(p)))
-            write_json(self.path(DONE), {"finished": time.time(), "outputs": outputs, "inputs": inputs})
+        if exit_code == 0 and not error:
+            write_json(self.path(DONE), self.done)
         write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
         return exit_code
+
+    def verify(self, log) -> str | None:
+        """After exit 0: every output there (in the bucket, for those that live there), then the record;
+        what is wrong, or None."""
+        try:
+            if missing := missing_outputs(self.spec["outputs"]):
+                error = f"exited 0 but outputs are missing: {', '.join(missing)}"
+            else:
+                outputs = sorted(m for p in self.spec["outputs"] for m in matches(p))
+                self.done = {"finished": time.time(), "outputs": outputs, "inputs": self.inputs}
+                if self.spec.get("record"):
+                    gcs.write(self.spec["record"], json.dumps(self.done).encode())
+                    self.note(log, f"recorded as done in the bucket: {self.spec['record']}")
+                return None
+        except OSError as err:
+            error = f"could not verify its outputs in the bucket: {err}"
+        self.note(log, error)
+        return error
 
     def start(self, env: dict, log) -> tuple[int, str | None]:
         argv = [_expand(a) for a in self.spec["argv"]]
@@ -555,6 +610,17 @@ def preflight(request: dict) -> list[dict]:
         path = os.path.expanduser(path)
         present = os.path.isfile(path) and os.path.getsize(path) > 0
         check(f"secret {name}", present, f"{name} {'is stored' if present else 'is missing'} ({path})")
+    if request.get("bucket"):
+        problem = gcs.probe(request["bucket"])
+        check(
+            "bucket",
+            problem is None,
+            f"the VM may read and write {request['bucket']}"
+            if problem is None
+            else f"the VM cannot use {request['bucket']} ({problem}): its service account needs "
+            "roles/storage.objectAdmin and roles/storage.legacyBucketReader on that bucket (the stack's bucket has "
+            "both), or set results.gcs to another bucket",
+        )
     return checks
 
 

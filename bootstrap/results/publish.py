@@ -11,7 +11,8 @@ import os
 
 from ..errors import UserError
 from ..gke.session import export_url
-from ..jobs.plan import Plan, PlannedJob, runner_spec
+from ..jobs.plan import DURABLE_DIR, Plan, PlannedJob, runner_spec
+from ..jobs.spec import PipelineSpec
 from ..remote import evals, manifest
 from ..remote.jobrunner import LOG
 from ..vm import connect
@@ -85,17 +86,35 @@ def hub_job(plan: Plan, folder: str) -> PlannedJob:
     return PlannedJob(f"{DURABLE_PREFIX}hub", job_dir, spec, needs=("export",), target=target)
 
 
-def gcs_url(plan: Plan, outputs: dict | None) -> str:
-    """Where the GCS copy goes: results.gcs, or for "stack" the stack's bucket (from its `outputs`)."""
-    target = plan.spec.results.gcs
+STACK_BUCKET = "gs://<stack-bucket>"  # what `fab plan` shows offline for results.gcs: stack
+
+
+def gcs_root(spec: PipelineSpec, outputs: dict | None, offline: bool = False) -> str | None:
+    """results.gcs as a gs:// URL: for "stack" the stack's bucket (from its `outputs`, read now if None;
+    `offline`: a placeholder). None when results.gcs is unset."""
+    target = spec.results.gcs
     if target == "stack":
+        if offline:
+            return STACK_BUCKET
         bucket = (outputs if outputs is not None else connect.stack_outputs()).get("bucket")
         if not bucket:
             raise UserError(
                 "results.gcs is 'stack' but the stack has no bucket: set tpu-rl:resultsBucket and run pulumi up"
             )
         target = f"gs://{bucket}"
-    return f"{target.rstrip('/')}/{plan.run_name}"
+    return target.rstrip("/") or None
+
+
+def durable_overrides(spec: PipelineSpec, outputs: dict | None, offline: bool = False) -> list[str]:
+    """With results.gcs set, the converted model and the checkpoints live in that bucket (vars.durable_dir);
+    the user's own --arg vars.durable_dir, given after these, wins."""
+    root = gcs_root(spec, outputs, offline)
+    return [f"vars.{DURABLE_DIR}={root}/${{model_name}}"] if root else []
+
+
+def gcs_url(plan: Plan, outputs: dict | None) -> str:
+    """Where the GCS copy of the export goes: below results.gcs, in the run's folder."""
+    return f"{gcs_root(plan.spec, outputs)}/{plan.run_name}"
 
 
 def gcs_job(plan: Plan, folder: str, url: str) -> PlannedJob:

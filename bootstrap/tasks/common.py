@@ -20,6 +20,7 @@ from ..jobs.plan import build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
 from ..remote.jobrunner import Layout
 from ..results import hub, runs
+from ..results.publish import durable_overrides
 from ..session import Session
 from ..vm import connect
 from ..vm.machine import Vm
@@ -98,7 +99,10 @@ def open_session(
         source = f"{driver.name}:{driver.layout.current_run}"
     name, why = choose_run(driver.install(values, pipeline.spec.vm.startup_marker), source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
-    plan = gke.plan(files, planned_with, name, target) if target else build(files, overrides, name)
+    if target:
+        plan = gke.plan(files, planned_with, name, target)
+    else:
+        plan = build(files, [*durable_overrides(pipeline.spec, outputs), *overrides], name)
     return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
 
 

@@ -16,6 +16,7 @@ from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, val
 from ..jobs.show import plan_dict, plan_text
 from ..paths import REPO, jobs_dir
 from ..results import runs
+from ..results.publish import durable_overrides
 from .common import ARG_HELP, RUN_HELP, console, reports_errors
 
 NEW_RUN = "new-run"  # the run name `fab plan --stack` shows before a run exists
@@ -49,7 +50,7 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
                 note = f"# a new run: {NEW_RUN!r} stands for the name fab train gives it\n" if not name else ""
                 print(note + yaml.safe_dump_all(manifests, sort_keys=False))
             return
-    built = build(files, arg or [], name or PLACEHOLDER_RUN)
+    built = build(files, [*durable_overrides(pipeline.spec, None, offline=True), *(arg or [])], name or PLACEHOLDER_RUN)
     record = runs.RunRecord.load(name) if name else None
     print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
 

@@ -30,6 +30,7 @@ from .output import Cleaner, lines
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
 TOOLS = (
     "jobrunner.py",
+    "gcs.py",
     "driver.py",
     "evals.py",
     "maxtext_check.py",

@@ -19,6 +19,7 @@ from datetime import datetime
 
 from ..errors import StoppedWatching, UserError
 from ..jobs.plan import PlannedJob
+from ..remote import gcs
 from ..remote.driver import PipelineState, clock
 from ..results.publish import DURABLE_PREFIX
 from ..session import Session
@@ -64,6 +65,7 @@ def preflight_request(session: Session) -> dict:
         "min_shm_gb": vm_spec.min_shm_gb,
         "shm_path": vm_spec.shm_path,
         "secrets": {name: f"{session.plan.layout.secrets}/{name}" for name in session.secrets},
+        **({"bucket": session.plan.durable_dir} if gcs.is_gcs(session.plan.durable_dir) else {}),
     }
 
 

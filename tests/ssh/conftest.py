@@ -17,8 +17,9 @@ def pytest_collection_modifyitems(items):
 
 
 @pytest.fixture(scope="session")
-def ssh_host(tmp_path_factory):
-    with loopback_host(tmp_path_factory.mktemp("sshd")) as host:
+def ssh_host(tmp_path_factory, gcs_emulator):
+    """The "VM", which reaches the Cloud Storage emulator (tests/conftest.py) as a VM reaches its bucket."""
+    with loopback_host(tmp_path_factory.mktemp("sshd"), {"STORAGE_EMULATOR_HOST": gcs_emulator}) as host:
         yield host
 
 

@@ -66,7 +66,7 @@ def test_failing_job_shows_its_log_and_the_next_run_retries_only_it(fab: Fab):
     assert "train: last attempt failed (exited with 1), retrying" in retried.stdout
     assert "export: starting" in retried.stdout
     # Same run, so MaxText resumes from the checkpoint the failed attempt left.
-    assert "Restoring checkpoint from step 2" in (fab.job_dir(run, "train") / "log").read_text()
+    assert "Restored params from step: 2 in" in (fab.job_dir(run, "train") / "log").read_text()
 
 
 def test_a_done_job_whose_outputs_vanished_runs_again(fab: Fab):

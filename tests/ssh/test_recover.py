@@ -2,18 +2,27 @@
 
 The loopback sshd plays the VM before and after; the Compute Engine API stand-in says
 whether the stack's instance exists and runs; the stand-in `pulumi up` (tests/stack.py)
-"recreates" it under a new instance id. A wiped VM is its state folder, "/dev/shm", the
-environment and the Hugging Face cache removed, as a new VM has none of them.
+"recreates" it under a new instance id. A lost VM is its processes killed at once; a new
+one has none of its state folder, "/dev/shm", environment or Hugging Face cache. The
+bucket is a real Cloud Storage emulator (tests/gcsemulator.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
 import shutil
+import signal
 import socket
+import uuid
 
 import pytest
 
-from tests.loopback import Fab, write_hub_cache
+from bootstrap.remote import gcs
+from tests import gcsemulator
+from tests.loopback import Fab, wait_for, write_hub_cache
 from tests.stack import INSTANCE, Stack
 
 SMALL = ("--arg", "vars.num_batches=2")
@@ -25,6 +34,17 @@ def unreachable(stack: Stack, instance_id: str) -> None:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     stack.outputs(stack.outputs_for(instance_id, port=closed))
+
+
+def lose(fab: Fab) -> None:
+    """The VM is gone at once: its driver, runners and jobs die without a word."""
+    state = fab.tmp / "state"
+    records = [state / "pipeline" / "driver.json", *state.glob("**/runner.json"), *state.glob("**/process.json")]
+    for record in records:
+        pid = json.loads(record.read_text())["pid"]
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
 
 
 def wipe(fab: Fab) -> None:
@@ -108,3 +128,50 @@ def test_recover_replaces_a_stopped_vm_and_leaves_a_running_one_alone(fab, stack
     urn = stack.outputs_for("1001")["instance_urn"]
     assert stack.up_calls() == [["up", "--yes", "--skip-preview", "--refresh", "--replace", urn]]
     assert "export: done already" in recovered.stdout  # the loopback "new" VM kept its files: nothing ran again
+
+
+def committed(actor: str) -> list[int]:
+    names = gcs.names(f"{actor}/")
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r".*/([0-9]+)/commit_success\.txt", n)))
+
+
+def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_the_bucket(
+    fab, stack, compute, gcs_emulator, monkeypatch
+):
+    """Convert is not run again (its record and checkpoint are in the bucket, so neither is prefetch), train
+    restores the last checkpoint committed before the loss and runs only the steps after it, and the export
+    is of the final step."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
+    args = ("--run-name", "r1", "--arg", f"vars.durable_dir={durable}", "--arg", "vars.num_batches=6")
+    slow = ("--arg", "train.env.STANDIN_SECONDS=2")  # a checkpoint a step (a tenth of 6, at least 1), 2 s each
+    actor = f"{durable}/post-train/r1/checkpoints/actor"
+
+    started = stack("train", *args, *slow, "--detach", timeout=600)
+    assert started.returncode == 0, started.stderr
+    wait_for(lambda: 2 in committed(actor), timeout=300, what="train's checkpoint of step 2 in the bucket")
+    lose(fab)
+    kept = committed(actor)[-1]  # what the bucket holds at the loss: 2, perhaps 3
+    assert 2 <= kept < 6
+    wipe(fab)
+    del compute.instances[INSTANCE]
+    unreachable(stack, "1001")
+
+    stack.after_up("2002")
+    recovered = stack("train", *args, *slow, "--recover", timeout=600)
+    assert recovered.returncode == 0, recovered.stderr
+    out = recovered.stdout
+    assert "convert: done already, kept in the bucket" in out
+    assert "prefetch: not needed, convert done already" in out and "prefetch: starting" not in out
+    assert "train: starting" in out and "export: starting" in out
+    log = (fab.job_dir("r1", "train") / "log").read_text()
+    assert f"Restored params from step: {kept} in" in log  # tunix's own line, as the real train_rl logs it
+    assert f"resumed at step {kept}" in out and "before training" not in out  # its Pre eval: restored weights
+    assert re.findall(r"Train step (\d+) training loss", log) == [str(n) for n in range(kept + 1, 7)]  # none redone
+    config = json.loads((fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / "r1" / "config.json").read_text())
+    assert config["exported_from"] == f"{actor}/6/model_params"  # the final checkpoint, read from the bucket
+    convert_record = json.loads(
+        gcs.read(f"{durable}/tpu-rl/shared/{next((fab.tmp / 'state' / 'shared').glob('convert-*')).name}.json")
+    )
+    assert convert_record["outputs"] == [f"{durable}/mt-format/{convert_record['outputs'][0].split('/')[-3]}/0/items"]
+    assert json.loads(gcs.read(f"{durable}/tpu-rl/runs/r1/train.json"))["outputs"][-1] == f"{actor}/6/model_params"

@@ -118,6 +118,27 @@ def test_everything_done_is_a_no_op():
     assert [e["action"] for e in jobs.events] == ["skip"] * 6
 
 
+def test_a_job_only_done_jobs_need_is_not_run():
+    """A new VM whose converted model is kept in the bucket: prefetch (32 GB) is not needed, setup still is."""
+    jobs = FakeJobs({"convert": JobState.DONE})
+    assert jobs.drive().outcome is PipelineState.DONE
+    assert jobs.calls == ["launch setup", "launch validate", "preflight", "launch train", "launch export"]
+    skipped = [e for e in jobs.events if e.get("job") == "prefetch"]
+    assert skipped == [
+        {
+            "event": "decide",
+            "job": "prefetch",
+            "action": "skip",
+            "message": "prefetch: not needed, convert done already",
+        }
+    ]
+
+
+def test_a_job_restored_from_the_bucket_says_so():
+    state = {"state": JobState.DONE.value, "restored_from": "gs://b/m/tpu-rl/shared/convert-k.json"}
+    assert decide("convert", state) == (Action.SKIP, "convert: done already, kept in the bucket (finished ?), skipping")
+
+
 def test_a_running_job_is_adopted_never_started_twice():
     jobs = FakeJobs({n: JobState.DONE for n in CHAIN[:4]} | {"train": JobState.RUNNING})
     graph = jobs.graph()
@@ -153,11 +174,13 @@ def test_a_failed_job_stops_its_dependants_and_what_does_not_need_it_runs_on():
     }
 
 
-def test_a_done_job_whose_outputs_vanished_runs_again_and_so_does_what_follows():
-    jobs = FakeJobs({n: JobState.DONE for n in CHAIN} | {"convert": JobState.LOST})
-    jobs.states["train"] = jobs.states["export"] = JobState.DONE
+def test_a_done_job_whose_outputs_vanished_runs_again_while_something_needs_them():
+    jobs = FakeJobs({n: JobState.DONE for n in CHAIN[:3]} | {"convert": JobState.LOST})  # a new run after a restart
     jobs.drive()
-    assert jobs.calls == ["preflight", "launch convert"]  # train and export are done by their own verdict
+    assert jobs.calls == ["preflight", "launch convert", "launch train", "launch export"]
+    everything_after_done = FakeJobs({n: JobState.DONE for n in CHAIN} | {"convert": JobState.LOST})
+    everything_after_done.drive()
+    assert everything_after_done.calls == []  # train and export are done: the model need not be converted again
 
 
 def test_a_failed_preflight_starts_no_tpu_job():

@@ -4,11 +4,16 @@ Knobs (set through a job's env in the YAML or --arg JOB.env.NAME=VALUE):
 STANDIN_SECONDS: seconds per unit of work; STANDIN_FAIL: exit 1 before finishing;
 STANDIN_PRINT_TOKEN: print the token and terminal escapes (what a careless job might do);
 STANDIN_LOG_MB: write that many MB of debug lines first (a very long log, as debug.rl makes).
+
+Paths may be gs:// URLs, as MaxText's are: then the files go to Cloud Storage through
+google-cloud-storage (STORAGE_EMULATOR_HOST: an emulator), and a checkpoint step is
+committed as Orbax commits one there, by a commit_success.txt written last in its folder.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import sys
 import time
@@ -125,3 +130,70 @@ def file_version_record() -> bytes:
     )
     header = struct.pack("<Q", len(event))
     return header + struct.pack("<I", _masked_crc(header)) + event + struct.pack("<I", _masked_crc(event))
+
+
+# --- Files on a disk or in Cloud Storage -----------------------------------------------------------
+
+
+def _blob_place(url: str):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    bucket, _, name = url.removeprefix("gs://").partition("/")
+    emulated = "STORAGE_EMULATOR_HOST" in os.environ
+    client = storage.Client(project="standin", credentials=AnonymousCredentials()) if emulated else storage.Client()
+    return client.bucket(bucket), name.rstrip("/")
+
+
+def write(path: str, data: bytes) -> None:
+    if path.startswith("gs://"):
+        bucket, name = _blob_place(path)
+        bucket.blob(name).upload_from_string(data)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def listdir(path: str) -> list[str]:
+    """The names directly below a folder (none when it does not exist)."""
+    if path.startswith("gs://"):
+        bucket, name = _blob_place(path)
+        names = {b.name[len(name) + 1 :].split("/")[0] for b in bucket.client.list_blobs(bucket, prefix=f"{name}/")}
+        return sorted(names)
+    return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+
+def isdir(path: str) -> bool:
+    return bool(listdir(path))
+
+
+def rmtree(path: str) -> None:
+    if path.startswith("gs://"):
+        bucket, name = _blob_place(path)
+        for blob in list(bucket.client.list_blobs(bucket, prefix=f"{name}/")):
+            blob.delete()
+        return
+    shutil.rmtree(path)
+
+
+def committed_steps(folder: str) -> list[int]:
+    """A checkpoint manager's finished steps: on a disk every step folder (Orbax renames a finished one into
+    place), in Cloud Storage those with their commit_success.txt."""
+    steps = [int(n) for n in listdir(folder) if n.isdigit()]
+    if folder.startswith("gs://"):
+        steps = [s for s in steps if "commit_success.txt" in listdir(f"{folder}/{s}")]
+    return sorted(steps)
+
+
+class EventFile:
+    """A TensorBoard event file, flushed whole on each flush (a bucket has no append), as tensorboardX's is."""
+
+    def __init__(self, path: str):
+        self.path, self.data = path, b""
+
+    def write(self, record: bytes) -> None:
+        self.data += record
+
+    def flush(self) -> None:
+        write(self.path, self.data)

@@ -14,7 +14,7 @@ def main() -> None:
     args = _standin.args()
     _standin.require_token()
     source = args["load_parameters_path"]
-    if not os.path.isdir(source):
+    if not _standin.isdir(source):
         _standin.log(f"checkpoint not found: {source}", "E", "to_huggingface.py:1")
         raise SystemExit(2)
     _standin.pause()

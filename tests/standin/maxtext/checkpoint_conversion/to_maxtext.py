@@ -1,6 +1,5 @@
 """Stand-in for maxtext.checkpoint_conversion.to_maxtext: its log lines and its output layout."""
 
-import os
 import time
 
 from maxtext import _standin
@@ -17,15 +16,11 @@ def main() -> None:
     _standin.pause()
     _standin.bar("Transforming weights: ", PARAMS)
     _standin.maybe_fail("to_maxtext")
-    out = args["base_output_directory"]
-    items = os.path.join(out, "0", "items")
-    os.makedirs(items, exist_ok=True)
+    out = args["base_output_directory"].rstrip("/")
     for name in ("manifest.ocdbt", "_METADATA", "_sharding", "commit_success.txt"):
-        with open(os.path.join(items, name), "w") as f:
-            f.write("standin checkpoint\n")
+        _standin.write(f"{out}/0/items/{name}", b"standin checkpoint\n")
     for name in ("_CHECKPOINT_METADATA", "commit_success.txt"):
-        with open(os.path.join(out, "0", name), "w") as f:
-            f.write("{}\n")
+        _standin.write(f"{out}/0/{name}", b"{}\n")
     _standin.python_log("saved a checkpoint at step 0")
     _standin.python_log(f"Conversion complete. Checkpoint saved to {out}")
     _standin.python_log(f"Overall Elapse: {(time.time() - started) / 60:.2f} min")

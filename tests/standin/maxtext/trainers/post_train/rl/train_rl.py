@@ -8,9 +8,6 @@ accuracy printed as a raw float. Resumes like MaxText: a run with checkpoints co
 after its last step.
 """
 
-import os
-import shutil
-
 from maxtext import _standin
 
 DEFAULTS = {"checkpoint_period": "50", "max_num_checkpoints_to_keep": "10"}  # rl.yml's
@@ -28,46 +25,43 @@ def eval_line(phase: str, step: int) -> str:
 def main() -> None:
     args = _standin.args()
     _standin.require_token()
-    if not os.path.isdir(args["load_parameters_path"]):
+    if not _standin.isdir(args["load_parameters_path"]):
         _standin.log(f"checkpoint not found: {args['load_parameters_path']}", "E", "train_rl.py:1")
         raise SystemExit(2)
     total = int(args.get("num_batches", "4"))
     period, keep = (int(args.get(key, value)) for key, value in DEFAULTS.items())
     eval_interval = int(args.get("eval_interval", "10"))
-    run_dir = os.path.join(args["base_output_directory"], args["run_name"])
-    actor = os.path.join(run_dir, "checkpoints", "actor")
-    os.makedirs(actor, exist_ok=True)
-    steps = [int(s) for s in os.listdir(actor) if s.isdigit()]
+    run_dir = f"{args['base_output_directory'].rstrip('/')}/{args['run_name']}"
+    actor = f"{run_dir}/checkpoints/actor"
+    steps = _standin.committed_steps(actor)
     start = max(steps) + 1 if steps else 1
     if start > 1:
-        _standin.log(f"Restoring checkpoint from step {start - 1}")
+        # tunix 0.1.7's own line (tunix/sft/checkpoint_manager.py, maybe_restore), as train_rl logs it on resuming
+        _standin.log(f"Restored params from step: {start - 1} in 0.012 seconds", where="checkpoint_manager.py:235")
     _standin.log(eval_line("Pre RL Training", 0), "W", "train_rl.py:716")
     _standin.log("Starting RL training...", "W", "train_rl.py:730")
-    tensorboard = os.path.join(run_dir, "tensorboard")
-    os.makedirs(tensorboard, exist_ok=True)
-    path = os.path.join(tensorboard, f"events.out.tfevents.{start}.standin")
-    with open(path, "ab") as events:
-        events.write(_standin.file_version_record())
-        for step in range(start, total + 1):
-            _standin.pause()
-            if step == total // 2 + 1:
-                _standin.maybe_fail("train_rl")
-            events.write(_standin.event_record(step, {"actor/train/loss": 1.0 / step, "actor/train/kl": 0.01 * step}))
-            events.write(_standin.event_record(step - 1, {"rewards/train/score/mean": step / total}))
-            events.flush()
-            _standin.log(
-                f"Train step {step} training loss: {1.0 / step:.6f}  - training perplexity: 1.000000",
-                where="peft_trainer.py:488",
-            )
-            if step == 1 or step % period == 0 or step == total:
-                for item in ("model_params", "optimizer_state"):
-                    os.makedirs(os.path.join(actor, str(step), item), exist_ok=True)
-                    with open(os.path.join(actor, str(step), item, "manifest.ocdbt"), "w") as f:
-                        f.write(f"step {step}\n")
-                for old in sorted(int(s) for s in os.listdir(actor) if s.isdigit())[:-keep]:
-                    shutil.rmtree(os.path.join(actor, str(old)))
-            if eval_interval and step % eval_interval == 0:
-                _standin.log(eval_line(f"Intermediate Eval (step={step})", step), "W", "hooks.py:98")
+    events = _standin.EventFile(f"{run_dir}/tensorboard/events.out.tfevents.{start}.standin")
+    events.write(_standin.file_version_record())
+    for step in range(start, total + 1):
+        _standin.pause()
+        if step == total // 2 + 1:
+            _standin.maybe_fail("train_rl")
+        events.write(_standin.event_record(step, {"actor/train/loss": 1.0 / step, "actor/train/kl": 0.01 * step}))
+        events.write(_standin.event_record(step - 1, {"rewards/train/score/mean": step / total}))
+        events.flush()
+        _standin.log(
+            f"Train step {step} training loss: {1.0 / step:.6f}  - training perplexity: 1.000000",
+            where="peft_trainer.py:488",
+        )
+        if step == 1 or step % period == 0 or step == total:
+            for item in ("model_params", "optimizer_state"):
+                _standin.write(f"{actor}/{step}/{item}/manifest.ocdbt", f"step {step}\n".encode())
+            if actor.startswith("gs://"):
+                _standin.write(f"{actor}/{step}/commit_success.txt", b"committed\n")
+            for old in _standin.committed_steps(actor)[:-keep]:
+                _standin.rmtree(f"{actor}/{old}")
+        if eval_interval and step % eval_interval == 0:
+            _standin.log(eval_line(f"Intermediate Eval (step={step})", step), "W", "hooks.py:98")
     _standin.log("RL Training Completed Successfully!", "W", "train_rl.py:741")
     _standin.log(eval_line("Post RL Training", total), "W", "train_rl.py:754")
 
