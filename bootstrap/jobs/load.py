@@ -10,6 +10,7 @@ reported at once.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import re
@@ -107,28 +108,31 @@ def definition_key(job: RenderedJob) -> str:
     return hashlib.sha256(json.dumps([job.argv, job.env, job.outputs, job.after]).encode()).hexdigest()[:12]
 
 
+def _with_known_keys(job: RenderedJob, keys: dict[str, str]) -> RenderedJob:
+    """`job` with each ${key:JOB} whose key is known replaced by it; the others as written."""
+    put = lambda text: JOB_KEY.sub(lambda m: keys.get(m.group(1), m.group(0)), text)  # noqa: E731
+    progress = {**job.progress, "tensorboard_dir": put(job.progress["tensorboard_dir"])} if job.progress else None
+    return RenderedJob(
+        **{
+            **job.to_dict(),
+            "argv": [put(a) for a in job.argv],
+            "env": {k: put(v) for k, v in job.env.items()},
+            "inputs": [put(p) for p in job.inputs],
+            "outputs": [put(p) for p in job.outputs],
+            "after": [[put(a) for a in step] for step in job.after],
+            "progress": progress,
+        }
+    )
+
+
 def with_keys(jobs: list[RenderedJob]) -> list[RenderedJob]:
-    """Each job with its key, and every ${key:JOB} replaced by that job's key. Keys are taken before the
-    replacement, so a job may name its own key in its outputs, and two jobs may name each other's."""
-    keys = {job.name: definition_key(job) for job in jobs}
-    put = lambda text: JOB_KEY.sub(lambda m: keys[m.group(1)], text)  # noqa: E731
-    return [
-        RenderedJob(
-            **{
-                **job.to_dict(),
-                "argv": [put(a) for a in job.argv],
-                "env": {k: put(v) for k, v in job.env.items()},
-                "inputs": [put(p) for p in job.inputs],
-                "outputs": [put(p) for p in job.outputs],
-                "after": [[put(a) for a in step] for step in job.after],
-                "progress": {**job.progress, "tensorboard_dir": put(job.progress["tensorboard_dir"])}
-                if job.progress
-                else None,
-                "key": keys[job.name],
-            }
-        )
-        for job in jobs
-    ]
+    """Each job with its key, and every ${key:JOB} replaced by that job's key. Jobs come in run order, and
+    a key covers the keys of earlier jobs that it names (a job that reads convert's folder changes with
+    it); its own key, or a later job's, is hashed as written, so a job may name its own in its outputs."""
+    keys: dict[str, str] = {}
+    for job in jobs:
+        keys[job.name] = definition_key(_with_known_keys(job, keys))
+    return [dataclasses.replace(_with_known_keys(job, keys), key=keys[job.name]) for job in jobs]
 
 
 def _validate(model, doc: Loaded, problems: list[Problem]):

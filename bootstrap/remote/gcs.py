@@ -8,7 +8,6 @@ MaxText's own business: it writes and reads its checkpoints in the bucket itself
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import urllib.request
 SCHEME = "gs://"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 TIMEOUT_SECONDS = 60
+RETRIES = 2
 REFRESH_SECONDS = 300  # a token this close to its end is fetched again (a runner lives as long as its job)
 _token: tuple[str, float] = ("", 0.0)  # the metadata server's access token and when it ends
 
@@ -47,14 +47,28 @@ def _headers() -> dict[str, str]:
         asked = urllib.request.Request(f"http://{server}{TOKEN_PATH}", headers={"Metadata-Flavor": "Google"})
         with urllib.request.urlopen(asked, timeout=TIMEOUT_SECONDS) as answer:
             granted = json.load(answer)
+        if "access_token" not in granted:
+            raise OSError(f"the metadata server gave no access token for the VM's service account: {granted}")
         _token = (granted["access_token"], time.time() + float(granted.get("expires_in", 0)))
     return {"Authorization": f"Bearer {_token[0]}"}
 
 
 def _call(url: str, data: bytes | None = None, method: str = "GET") -> bytes:
-    request = urllib.request.Request(url, data=data, method=method, headers=_headers())
-    with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
-        return answer.read()
+    """One request; a 429, a 5xx or a dropped connection is tried again (Cloud Storage's advice), twice."""
+    attempt = 0
+    while True:
+        try:
+            request = urllib.request.Request(url, data=data, method=method, headers=_headers())
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
+                return answer.read()
+        except urllib.error.HTTPError as err:
+            if err.code != 429 and err.code < 500 or attempt == RETRIES:
+                raise
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            if attempt == RETRIES:
+                raise
+        time.sleep(2**attempt)
+        attempt += 1
 
 
 def names(url: str) -> list[str]:
@@ -70,8 +84,10 @@ def names(url: str) -> list[str]:
 
 
 def _pattern(glob: str) -> re.Pattern:
-    """A glob whose * and ? stay within one path segment, as on a file system."""
-    return re.compile(fnmatch.translate(glob).replace(".*", "[^/]*").replace("(?s:.)", "[^/]"))
+    """A glob whose *, ? and [...] stay within one path segment, as on a file system."""
+    parts = re.split(r"(\*|\?|\[[^\]/]+\])", glob)
+    wild = {"*": "[^/]*", "?": "[^/]"}
+    return re.compile("".join(wild.get(p) or (f"(?!/){p}" if p.startswith("[") else re.escape(p)) for p in parts if p))
 
 
 def matches(glob: str) -> list[str]:

@@ -205,9 +205,14 @@ def restore(job_dir: str, spec: dict) -> bool:
     """Take a job as done from its record in the bucket (made on a VM since lost), its outputs verified
     there again; False when there is no record or an output is missing."""
     text = gcs.read(spec["record"])
-    if text is None or missing_outputs(spec["outputs"]):
+    try:
+        done = json.loads(text) if text is not None else None
+    except ValueError:
+        done = None  # half a record (it is written in one request, but a bucket is not ours alone)
+    if not isinstance(done, dict) or not isinstance(done.get("finished"), (int, float)):
         return False
-    done = json.loads(text)
+    if missing_outputs(spec["outputs"]):
+        return False
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     write_json(os.path.join(job_dir, SPEC), spec)
     write_json(os.path.join(job_dir, DONE), {**done, "restored_from": spec["record"]})

@@ -97,7 +97,10 @@ def open_session(
             connect.open_connection(conn, outputs), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values())
         )
         source = f"{driver.name}:{driver.layout.current_run}"
-    name, why = choose_run(driver.install(values, pipeline.spec.vm.startup_marker), source, run_name, new_run)
+    current = driver.install(values, pipeline.spec.vm.startup_marker)
+    if current is None and recover and runs.current_run():  # a new VM: carry on with the lost VM's run
+        current, source = runs.current_run(), f"{runs.runs_dir()}/{runs.CURRENT} (the lost VM's run)"
+    name, why = choose_run(current, source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
     if target:
         plan = gke.plan(files, planned_with, name, target)

@@ -38,8 +38,9 @@ def instances_client():
 
 def ask(what: str, permission: str, project: str, call: Callable[[], T], not_found: T) -> T:
     """One API call, its failures in one line each; `not_found` when the API answers 404."""
+    import requests
     from google.api_core import exceptions
-    from google.auth.exceptions import DefaultCredentialsError
+    from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
 
     try:
         return call()
@@ -49,7 +50,11 @@ def ask(what: str, permission: str, project: str, call: Callable[[], T], not_fou
         return not_found
     except exceptions.Forbidden:
         raise UserError(f"your Google account may not read {what} ({permission} on {project})") from None
-    except exceptions.GoogleAPIError as err:
+    except GoogleAuthError as err:  # expired or revoked application-default credentials
+        raise UserError(
+            f"your Google credentials failed reading {what} ({err}): run `gcloud auth application-default login`"
+        ) from None
+    except (exceptions.GoogleAPIError, requests.RequestException) as err:
         raise UserError(f"the Compute Engine API failed reading {what}: {err}") from None
 
 
@@ -77,9 +82,16 @@ class Gone:
 
     name: str
     why: str
-    exists: bool  # a stopped or foreign instance must be replaced; a deleted one is only created again
+    exists: bool  # a stopped instance must be replaced; a deleted one is only created again
+    foreign: bool = False  # another instance has the name: never touched by fab
 
     def __str__(self) -> str:
+        if self.foreign:
+            return (
+                f"the stack's VM {self.name} {self.why}; fab never replaces an instance the stack did not make: "
+                "if it is yours to lose, delete it, then fab train --recover; or give this stack another "
+                "tpu-rl:instanceName and run pulumi up"
+            )
         return f"the stack's VM {self.name} {self.why}; its /dev/shm went with it. Recreate it and carry on: {RECOVER}"
 
 
@@ -94,5 +106,5 @@ def gone(outputs: dict) -> Gone | None:
     if found.status not in RUNNING:
         return Gone(name, f"is {found.status} (stopped: by autostop or from the VM itself)", True)
     if expected and found.id != expected:
-        return Gone(name, f"was replaced outside this stack (instance id {found.id}, the stack's is {expected})", True)
+        return Gone(name, f"is another instance (id {found.id}, the stack's is {expected})", True, foreign=True)
     return None

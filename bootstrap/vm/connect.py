@@ -99,8 +99,14 @@ def open_connection(conn: Connection, outputs: dict | None = None) -> Connection
     `outputs`) that it is gone or stopped, when the Compute Engine API says so."""
     try:
         return _open(conn)
-    except UserError:
-        if outputs is not None and (gone := compute.gone(outputs)):
+    except UserError as failed:
+        if outputs is None:
+            raise
+        try:
+            gone = compute.gone(outputs)
+        except UserError as api:  # offline, or no credentials: the SSH failure is still the message
+            raise UserError(f"{failed}; whether the VM still exists is unknown: {api}") from None
+        if gone:
             raise UserError(str(gone)) from None
         raise
 
@@ -108,8 +114,9 @@ def open_connection(conn: Connection, outputs: dict | None = None) -> Connection
 def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
     """Recreate the stack's VM with the user's own `pulumi up` when it is gone; the stack's outputs after.
 
-    A deleted VM is dropped from the state by the refresh and created again; a stopped or foreign
-    one is replaced. A VM that runs as the stack says is left alone.
+    A deleted VM is dropped from the state by the refresh and created again; a stopped one is replaced;
+    only the instance is targeted. A VM that runs as the stack says is left alone, and an instance the
+    stack did not make (another id under its name) is never touched.
     """
     if outputs is None:
         raise UserError("--recover recreates the Pulumi stack's VM; a VM given with -H is yours to recreate")
@@ -117,11 +124,14 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
     if gone is None:
         say(f"the stack's VM {outputs['instance_name']} runs: nothing to recreate")
         return outputs
-    command = ["pulumi", "up", "--yes", "--skip-preview", "--refresh"]
-    if gone.exists:
-        if not outputs.get("instance_urn"):
-            raise UserError("the Pulumi stack has no `instance_urn` output: run `pulumi up` with this version first")
-        command += ["--replace", outputs["instance_urn"]]
+    if gone.foreign:
+        raise UserError(str(gone))
+    if not outputs.get("instance_urn"):
+        raise UserError("the Pulumi stack has no `instance_urn` output: run `pulumi up` with this version first")
+    # Only the instance (and what depends on it): other changes to the stack wait for the user's own `pulumi up`.
+    target = "--target-replace" if gone.exists else "--target"
+    command = ["pulumi", "up", "--yes", "--skip-preview", "--refresh", target, outputs["instance_urn"]]
+    command += ["--target-dependents"]
     say(f"the stack's VM {gone.name} {gone.why}: recreating it with `{' '.join(command)}`")
     if subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL).returncode != 0:
         raise UserError(f"`{' '.join(command)}` failed (its output is above); fix that, then {compute.RECOVER} again")

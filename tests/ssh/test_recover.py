@@ -10,6 +10,7 @@ bucket is a real Cloud Storage emulator (tests/gcsemulator.py).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -28,12 +29,15 @@ from tests.stack import INSTANCE, Stack
 SMALL = ("--arg", "vars.num_batches=2")
 
 
-def unreachable(stack: Stack, instance_id: str) -> None:
-    """The stack's outputs still name the old VM, at an address where nothing answers any more."""
+def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        closed = s.getsockname()[1]
-    stack.outputs(stack.outputs_for(instance_id, port=closed))
+        return s.getsockname()[1]
+
+
+def unreachable(stack: Stack, instance_id: str) -> None:
+    """The stack's outputs still name the old VM, at an address where nothing answers any more."""
+    stack.outputs(stack.outputs_for(instance_id, port=closed_port()))
 
 
 def lose(fab: Fab) -> None:
@@ -59,12 +63,23 @@ def stack(fab, compute) -> Stack:
     return Stack(fab, compute, instance_id="1001")
 
 
+RECOVER = "; its /dev/shm went with it. Recreate it and carry on: fab train --recover\n"
+FOREIGN = (
+    "; fab never replaces an instance the stack did not make: if it is yours to lose, delete it, then fab train "
+    "--recover; or give this stack another tpu-rl:instanceName and run pulumi up\n"
+)
+
+
 @pytest.mark.parametrize(
     "status, instance_id, why",
     [
-        (None, "1001", "no longer exists (deleted on host maintenance, preemption or the end of its run time)"),
-        ("TERMINATED", "1001", "is TERMINATED (stopped: by autostop or from the VM itself)"),
-        ("RUNNING", "9009", "was replaced outside this stack (instance id 9009, the stack's is 1001)"),
+        (
+            None,
+            "1001",
+            "no longer exists (deleted on host maintenance, preemption or the end of its run time)" + RECOVER,
+        ),
+        ("TERMINATED", "1001", "is TERMINATED (stopped: by autostop or from the VM itself)" + RECOVER),
+        ("RUNNING", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
     ],
 )
 def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instance_id, why):
@@ -76,11 +91,21 @@ def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instan
         compute.instances[INSTANCE] = {"id": instance_id, "status": status}
     result = stack("train", *SMALL)
     assert result.returncode == 2
-    assert result.stderr == (
-        f"error: the stack's VM {INSTANCE} {why}; its /dev/shm went with it. "
-        "Recreate it and carry on: fab train --recover\n"
-    )
+    assert result.stderr == f"error: the stack's VM {INSTANCE} {why}"
     assert stack.up_calls() == []  # only --recover runs pulumi up
+    if instance_id != "1001":  # and never over an instance the stack did not make
+        refused = stack("train", "--recover", *SMALL)
+        assert refused.returncode == 2 and refused.stderr == result.stderr and stack.up_calls() == []
+
+
+def test_without_the_compute_api_the_ssh_failure_is_the_message(stack, compute):
+    assert stack("status").returncode == 0
+    unreachable(stack, "1001")
+    stack.compute = dataclasses.replace(compute, url=f"http://127.0.0.1:{closed_port()}")  # offline laptop
+    result = stack("status")
+    assert result.returncode == 2 and "connection refused" in result.stderr
+    assert "whether the VM still exists is unknown: the Compute Engine API failed reading" in result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_a_vm_that_answers_but_refuses_ssh_is_not_called_lost(stack):
@@ -104,8 +129,11 @@ def test_recover_recreates_a_deleted_vm_and_the_run_carries_on_there(fab, stack,
     stack.after_up("2002")
     recovered = stack("train", "--run-name", "r1", "--recover", *SMALL, timeout=600)
     assert recovered.returncode == 0, recovered.stderr
-    assert stack.up_calls() == [["up", "--yes", "--skip-preview", "--refresh"]]
-    assert "recreating it with `pulumi up --yes --skip-preview --refresh`" in recovered.stdout
+    urn = stack.outputs_for("1001")["instance_urn"]
+    assert stack.up_calls() == [["up", "--yes", "--skip-preview", "--refresh", "--target", urn, "--target-dependents"]]
+    assert f"recreating it with `pulumi up --yes --skip-preview --refresh --target {urn} --target-dependents`" in (
+        " ".join(recovered.stdout.split())  # as the terminal wraps it
+    )
     assert f"pinned {INSTANCE}'s SSH host keys" in recovered.stdout
     assert "compute.2002" in stack.pins.read_text() and "compute.1001" not in stack.pins.read_text()
     for job in ("setup", "prefetch", "convert", "train", "export"):
@@ -126,7 +154,9 @@ def test_recover_replaces_a_stopped_vm_and_leaves_a_running_one_alone(fab, stack
     recovered = stack("train", "--run-name", "r1", "--recover", *SMALL)
     assert recovered.returncode == 0, recovered.stderr
     urn = stack.outputs_for("1001")["instance_urn"]
-    assert stack.up_calls() == [["up", "--yes", "--skip-preview", "--refresh", "--replace", urn]]
+    assert stack.up_calls() == [
+        ["up", "--yes", "--skip-preview", "--refresh", "--target-replace", urn, "--target-dependents"]
+    ]
     assert "export: done already" in recovered.stdout  # the loopback "new" VM kept its files: nothing ran again
 
 
@@ -143,11 +173,11 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     is of the final step."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
-    args = ("--run-name", "r1", "--arg", f"vars.durable_dir={durable}", "--arg", "vars.num_batches=6")
+    args = ("--arg", f"vars.durable_dir={durable}", "--arg", "vars.num_batches=6")
     slow = ("--arg", "train.env.STANDIN_SECONDS=2")  # a checkpoint a step (a tenth of 6, at least 1), 2 s each
     actor = f"{durable}/post-train/r1/checkpoints/actor"
 
-    started = stack("train", *args, *slow, "--detach", timeout=600)
+    started = stack("train", "--run-name", "r1", *args, *slow, "--detach", timeout=600)
     assert started.returncode == 0, started.stderr
     wait_for(lambda: 2 in committed(actor), timeout=300, what="train's checkpoint of step 2 in the bucket")
     lose(fab)
@@ -158,9 +188,10 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     unreachable(stack, "1001")
 
     stack.after_up("2002")
-    recovered = stack("train", *args, *slow, "--recover", timeout=600)
+    recovered = stack("train", *args, *slow, "--recover", timeout=600)  # as the one-line error says: no --run-name
     assert recovered.returncode == 0, recovered.stderr
     out = recovered.stdout
+    assert "run r1 (the current run)" in out  # this machine's, the lost VM's: a new VM has none
     assert "convert: done already, kept in the bucket" in out
     assert "prefetch: not needed, convert done already" in out and "prefetch: starting" not in out
     assert "train: starting" in out and "export: starting" in out

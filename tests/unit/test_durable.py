@@ -43,6 +43,8 @@ def test_a_glob_matches_objects_and_folders_segment_by_segment(bucket):
     ]
     assert jobrunner.matches(f"{actor}/?/model_params") == [f"{actor}/2/model_params", f"{actor}/4/model_params"]
     assert jobrunner.matches(f"{bucket}/r1/*/model_params") == []  # * stays within one folder
+    put(bucket, "a/c/x", "abc/x")
+    assert jobrunner.matches(f"{bucket}/a?c") == [f"{bucket}/abc"] == jobrunner.matches(f"{bucket}/a[bx]c")
     assert jobrunner.missing_outputs([f"{actor}/*/model_params", f"{actor}/*/nothing"]) == [f"{actor}/*/nothing"]
 
 
@@ -82,6 +84,32 @@ def test_the_vms_token_is_fetched_again_near_its_end(monkeypatch, lifetime, fetc
     server.shutdown()
     assert len(asked) == fetches and asked[0] == (gcs.TOKEN_PATH, "Google")
     assert headers[-1] == {"Authorization": f"Bearer t{fetches}"}
+
+
+def test_a_busy_bucket_is_asked_again_and_a_refusal_is_not(monkeypatch):
+    """Cloud Storage's advice: retry 429 and 5xx with backoff; a 404 or 403 is the answer."""
+    answers = [503, 429, 200, 404]
+    asked = []
+
+    class Busy(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            asked.append(self.path)
+            code = answers.pop(0)
+            self.send_response(code)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setattr(gcs.time, "sleep", lambda seconds: None)
+    assert gcs.read("gs://b/o") == b"ok" and len(asked) == 3
+    assert gcs.read("gs://b/o") is None and len(asked) == 4  # 404: no object, asked once
+    server.shutdown()
 
 
 def spec(bucket: str, record: str) -> dict:

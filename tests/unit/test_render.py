@@ -178,3 +178,27 @@ def test_a_key_of_no_job_is_refused_with_its_origin():
     text = str(err.value)
     assert "convert.yaml" in text and "args.base_output_directory" in text
     assert "${key:convrt} names no job; jobs are prefetch, convert, train, export" in text
+
+
+def test_a_key_covers_the_keys_it_names(tmp_path):
+    """A job that reads convert's folder (through ${checkpoint_dir}) and is shared by runs changes its own
+    key, and so its folder, when convert's arguments change: never "done already" for the other checkpoint."""
+    for path in (REPO / "jobs").glob("*.yaml"):
+        (tmp_path / path.name).write_text(path.read_text())
+    (tmp_path / "inspect.yaml").write_text(
+        "description: look at the converted checkpoint\ncommand: [ls, '${checkpoint_dir}']\nneeds: [convert]\n"
+        "outputs: ['/dev/shm/inspected/${key:inspect}']\n"
+    )
+    pipeline = (tmp_path / "pipeline.yaml").read_text()
+    (tmp_path / "pipeline.yaml").write_text(
+        pipeline.replace(
+            "jobs: [prefetch, convert, train, export]", "jobs: [prefetch, convert, inspect, train, export]"
+        )
+    )
+
+    def keys(overrides=()):
+        return {j.name: j.key for j in render(load_pipeline(tmp_path, list(overrides), {"run_name": RUN}))}
+
+    first, other = keys(), keys(["convert.scan_layers=False"])
+    assert other["convert"] != first["convert"] and other["inspect"] != first["inspect"]
+    assert keys(["train.num_batches=7"])["inspect"] == first["inspect"]
