@@ -112,16 +112,14 @@ def _with_known_keys(job: RenderedJob, keys: dict[str, str]) -> RenderedJob:
     """`job` with each ${key:JOB} whose key is known replaced by it; the others as written."""
     put = lambda text: JOB_KEY.sub(lambda m: keys.get(m.group(1), m.group(0)), text)  # noqa: E731
     progress = {**job.progress, "tensorboard_dir": put(job.progress["tensorboard_dir"])} if job.progress else None
-    return RenderedJob(
-        **{
-            **job.to_dict(),
-            "argv": [put(a) for a in job.argv],
-            "env": {k: put(v) for k, v in job.env.items()},
-            "inputs": [put(p) for p in job.inputs],
-            "outputs": [put(p) for p in job.outputs],
-            "after": [[put(a) for a in step] for step in job.after],
-            "progress": progress,
-        }
+    return dataclasses.replace(
+        job,
+        argv=[put(a) for a in job.argv],
+        env={k: put(v) for k, v in job.env.items()},
+        inputs=[put(p) for p in job.inputs],
+        outputs=[put(p) for p in job.outputs],
+        after=[[put(a) for a in step] for step in job.after],
+        progress=progress,
     )
 
 

@@ -157,6 +157,7 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
     other = {job.name: job for job in render(resolve(files, overrides, {"run_name": _OTHER_RUN}))}
     spec = pipeline.spec
     layout = Layout(spec.vm.state_dir)
+    durable = pipeline.values.get(DURABLE_DIR, "")
     planned = [_setup_job(spec, layout)]
     shared_names = {SETUP}
     modules: set[str] = set()
@@ -165,7 +166,7 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         if shared:
             shared_names.add(job.name)
         job_dir = layout.shared(job.name, job.key) if shared else layout.run_job(run_name, job.name)
-        record = _durable_record(pipeline.values.get(DURABLE_DIR, ""), layout, job_dir, job.outputs)
+        record = _durable_record(durable, layout, job_dir, job.outputs)
         runner = runner_spec(
             layout, job.name, job.argv, job.outputs, env=job.env, secrets=job.secrets, cwd=job.cwd, after=job.after
         )
@@ -181,5 +182,4 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
     if spec.vm.validate_args:
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
-    durable = pipeline.values.get(DURABLE_DIR, "")
     return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), durable)
