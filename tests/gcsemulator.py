@@ -1,10 +1,11 @@
 """A real Cloud Storage emulator we did not write (`gcp-storage-emulator`, PyPI), on 127.0.0.1, in memory.
 
-What points at it: STORAGE_EMULATOR_HOST, read by google-cloud-storage (the stand-in jobs, as
-MaxText's gcs_utils) and by tpu-rl's own bootstrap/remote/gcs.py (the VM's runner). Emulated:
-objects, listings by prefix, uploads and downloads. Not emulated, so unverified here: IAM
-(the VM's service account's roles), hierarchical-namespace buckets, preconditions and
-generations (orbax's OCDBT relies on them; the stand-ins do not), speed.
+What points at it: client_env, read by google-cloud-storage (the stand-in jobs, MaxText's
+gcs_utils), gcsfs (epath), tensorstore (orbax's array data) and tpu-rl's own
+bootstrap/remote/gcs.py (the VM's runner). Emulated: objects, listings, uploads and downloads;
+generations, preconditions and list offsets come from the layer in front of it (gcslayer.py).
+Not emulated, so unverified here: IAM (the VM's service account's roles),
+hierarchical-namespace buckets, object versioning, speed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,18 @@ from pathlib import Path
 
 BUCKET = "tpu-rl-test"
 START_SECONDS = 30
+
+
+def client_env(url: str) -> dict[str, str]:
+    """What points every client library at the emulator at `url` (../shared/reference/gcs_emulation.md)."""
+    return {
+        "STORAGE_EMULATOR_HOST": url,
+        "FSSPEC_GCS_TOKEN": "anon",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # else each gcsfs call waits 60 s on a gRPC lookup
+        "TENSORSTORE_GCS_HTTP_URL": url,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "dummy",
+        "NO_GCE_CHECK": "true",
+    }
 
 
 @contextmanager

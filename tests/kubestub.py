@@ -1,25 +1,28 @@
-"""The few Kubernetes and Cloud Storage endpoints the gke backend uses, on 127.0.0.1.
+"""The few Kubernetes endpoints the gke backend uses, on 127.0.0.1; its pods write to a real bucket.
 
-The official `kubernetes` client reaches it through a kubeconfig, `google-cloud-storage`
-through STORAGE_EMULATOR_HOST. Each JobSet plays a script: a list of pod runs, each a
-list of log lines and how it ends: `complete` (the JobSet completes and its declared
-outputs appear in the bucket), `fail` (the JobSet fails), `restart` (the pod ends, a new
-pod starts) or `drop` (the log stream breaks off mid-way, as a lost watch does).
+The official `kubernetes` client reaches it through a kubeconfig. Each JobSet plays a
+script: a list of pod runs, each a list of log lines and how it ends: `complete` (the
+JobSet completes and its declared outputs appear in the bucket, the Cloud Storage emulator
+of tests/gcsemulator.py: a file output as that file, an export's SHA256SUMS listing the
+files beside it, a folder output as one file in it), `fail` (the JobSet fails), `restart`
+(the pod ends, a new pod starts) or `drop` (the log stream breaks off mid-way, as a lost
+watch does).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from bootstrap.remote import manifest
 from tests import stubserver
 
 JOBSETS = re.compile(r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$")
 CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/]+))?(/log)?$")
-OBJECTS = re.compile(r"/storage/v1/b/([^/]+)/o$")
 STAMP = "2026-11-30T12:00:00Z"
 
 
@@ -37,7 +40,7 @@ class Kube:
     deleted: list[str] = field(default_factory=list)
     secrets: dict[str, dict] = field(default_factory=dict)
     config_maps: dict[str, dict] = field(default_factory=dict)
-    objects: set[str] = field(default_factory=set)  # "bucket/name"
+    storage: object = None  # a google-cloud-storage Client for the emulator: where completed pods write
     runs: dict[str, list[Run]] = field(default_factory=dict)  # JobSet -> pod runs left
     pods: dict[str, int] = field(default_factory=dict)  # JobSet -> pods started
     url: str = ""
@@ -48,8 +51,27 @@ class Kube:
         jobset["status"] = {"conditions": [{"type": kind, "status": "True", "lastTransitionTime": STAMP,
                                             "message": "a pod failed" if kind == "Failed" else ""}]}  # fmt: skip
         if end == "complete":
-            for output in jobset["metadata"]["annotations"]["tpu-rl/outputs"].split():
-                self.objects.add(output.removeprefix("gs://").replace("*", "4") + "/file")
+            self.write_outputs(jobset["metadata"]["annotations"]["tpu-rl/outputs"].split())
+
+    def write_outputs(self, patterns: list[str]) -> None:
+        """What a completed job leaves in the bucket for its declared outputs (globs: `*` as 4)."""
+        files: dict[str, dict[str, str]] = {}  # folder -> its files' SHA-256
+        for url in (pattern.replace("*", "4") for pattern in patterns):
+            folder, name = url.rsplit("/", 1)
+            if "." in name:
+                data = f"{url}\n".encode()
+                self._blob(url).upload_from_string(data)
+                files.setdefault(folder, {})[name] = hashlib.sha256(data).hexdigest()
+            elif name != manifest.NAME:
+                self._blob(f"{url}/file").upload_from_string(b"written\n")
+        for url in patterns:
+            folder, name = url.rsplit("/", 1)
+            if name == manifest.NAME:
+                self._blob(url).upload_from_string(manifest.render(files.get(folder, {})))
+
+    def _blob(self, url: str):
+        bucket, _, name = url.removeprefix("gs://").partition("/")
+        return self.storage.bucket(bucket).blob(name)
 
 
 def _handler(kube: Kube):
@@ -76,11 +98,6 @@ def _handler(kube: Kube):
         def do_GET(self):
             url = urlparse(self.path)
             query = parse_qs(url.query)
-            if m := OBJECTS.match(url.path):
-                prefix = query.get("prefix", [""])[0]
-                items = [{"name": o.split("/", 1)[1], "bucket": m[1]} for o in sorted(kube.objects)
-                         if o.startswith(f"{m[1]}/{prefix}")]  # fmt: skip
-                return self.send(200, {"kind": "storage#objects", "items": items})
             if (m := JOBSETS.match(url.path)) and m[2]:
                 return self.send(200, kube.jobsets[m[2]]) if m[2] in kube.jobsets else self.missing()
             if (m := CORE.match(url.path)) and m[2] == "pods" and not m[3]:

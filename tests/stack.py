@@ -1,4 +1,5 @@
-"""fab against the Pulumi stack's VM: a stand-in `pulumi` CLI, the Compute Engine API stand-in, the loopback sshd.
+"""fab against the Pulumi stack's VM: a stand-in `pulumi` CLI, the Compute Engine API stand-in, the loopback
+sshd; and the VM lost (`lose`, `wipe`), as a new VM finds things.
 
 The stand-in `pulumi` prints the stack's outputs (`stack output --json`) and, for `up`,
 records its arguments, then "recreates" the VM: the outputs become the next ones
@@ -7,13 +8,20 @@ records its arguments, then "recreates" the VM: the outputs become the next ones
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import shutil
+import signal
+import socket
 import sys
 from pathlib import Path
 
+from bootstrap.remote import gcs
 from bootstrap.vm import compute as compute_api
 from tests import computestub
-from tests.loopback import REPO, Fab, Runs
+from tests.loopback import REPO, Fab, Runs, write_hub_cache
 
 INSTANCE = "tpu-rl-v6e-8"
 PULUMI = """#!{python}
@@ -64,6 +72,10 @@ class Stack(Runs):
         self.outputs(self.outputs_for(instance_id))
         self.compute.instances[INSTANCE] = {"id": instance_id, "status": "RUNNING"}
 
+    def unreachable(self, instance_id: str) -> None:
+        """The stack's outputs still name the old VM, at an address where nothing answers any more."""
+        self.outputs(self.outputs_for(instance_id, port=closed_port()))
+
     def outputs(self, outputs: dict) -> None:
         """What `pulumi stack output --json` prints."""
         (self.bin / "outputs.json").write_text(json.dumps(outputs))
@@ -91,3 +103,33 @@ class Stack(Runs):
 
     def command(self, *args: str) -> list[str]:
         return [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "-i", str(self.fab.host.key), *args]
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lose(fab: Fab) -> None:
+    """The VM is gone at once: its driver, runners and jobs die without a word."""
+    state = fab.tmp / "state"
+    records = [state / "pipeline" / "driver.json", *state.glob("**/runner.json"), *state.glob("**/process.json")]
+    for record in records:
+        pid = json.loads(record.read_text())["pid"]
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
+
+
+def wipe(fab: Fab) -> None:
+    """What a new VM does not have: the state folder, /dev/shm, the environment and the Hugging Face cache."""
+    for folder in ("state", "shm", "venv", "hf_home"):
+        shutil.rmtree(fab.tmp / folder, ignore_errors=True)
+    write_hub_cache(fab.tmp / "hf_home")  # what the Hub serves a new VM's prefetch (offline here)
+
+
+def committed(actor: str) -> list[int]:
+    """The training steps whose checkpoint is committed under `actor` in the bucket."""
+    names = gcs.names(f"{actor}/")
+    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r".*/([0-9]+)/commit_success\.txt", n)))

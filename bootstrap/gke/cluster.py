@@ -8,6 +8,7 @@ Cloud Storage; the finished JobSet of a failed attempt is deleted before the ret
 created. Logs come from the job's head pod, streamed in chunks (bounded memory); a
 stream that ends while the JobSet runs (a restarted pod, a dropped watch) is followed
 again by the pipeline. The Hugging Face token goes into the Secret the JobSets name.
+`fab download` and `fab metrics` read the bucket from this machine (results/transfer.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import fnmatch
 import re
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
+from google.api_core.exceptions import GoogleAPIError, NotFound
+from google.auth.exceptions import DefaultCredentialsError, RefreshError
 from google.cloud import storage
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -28,10 +32,10 @@ from ..errors import UserError
 from ..jobs.plan import PlannedJob
 from ..paths import REPO
 from ..remote.jobrunner import JobState
-from ..results import runs
+from ..results import runs, transfer
 from ..vm.machine import JobStatus
 from ..vm.output import Cleaner, lines
-from .jobsets import BUCKET_MOUNT, NAMESPACE, OUTPUTS_ANNOTATION, SECRET, TOOLS, TOOLS_CONFIG_MAP
+from .jobsets import NAMESPACE, OUTPUTS_ANNOTATION, SECRET, TOOLS, TOOLS_CONFIG_MAP, in_bucket
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 HEAD_JOBS = ("pathways-head", "main")  # the replicated job whose pod runs the MaxText module
@@ -114,14 +118,37 @@ class Cluster:
         )
         return [self.cleaner(line) for line in text.splitlines()]
 
-    def download(self, directory: str, *_) -> dict[str, int]:
-        """`fab download` and `fab metrics` copy over SSH: on gke the files are in the bucket already."""
-        raise UserError(
-            f"{self.name}: fab download and fab metrics are for the vm backend; on gke everything is in the bucket: "
-            f"gcloud storage cp -r {directory.replace(BUCKET_MOUNT, f'gs://{self.bucket}', 1)} ."
-        )
+    def download(self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None) -> dict[str, int]:
+        """A folder of the bucket that grows (TensorBoard events): what is here at its size is kept."""
+        return transfer.download(self, self.where(directory), local, on_file)
 
-    download_verified = download
+    def download_verified(
+        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None
+    ) -> dict[str, int]:
+        """The export from the bucket, every file verified against its SHA256SUMS (transfer.download_verified)."""
+        return transfer.download_verified(self, self.where(directory), local, on_file)
+
+    def list_files(self, directory: str) -> dict[str, int]:
+        bucket, _, prefix = f"{directory.removeprefix('gs://').rstrip('/')}/".partition("/")
+        try:
+            blobs = self._storage(lambda: list(self.storage.list_blobs(bucket, prefix=prefix)), directory)
+        except NotFound:
+            raise UserError(f"{directory}: no bucket gs://{bucket} (is the stack up?)") from None
+        return {blob.name[len(prefix) :]: blob.size for blob in blobs if not blob.name.endswith("/")}
+
+    def read_text(self, path: str) -> str | None:
+        blob = storage.Blob.from_string(path, client=self.storage)
+        try:
+            return self._storage(lambda: blob.download_as_bytes(), path).decode("utf-8", "replace")
+        except NotFound:
+            return None
+
+    def fetch(self, path: str, target: Path) -> None:
+        blob = storage.Blob.from_string(path, client=self.storage)
+        try:
+            self._storage(lambda: blob.download_to_filename(str(target)), path)
+        except NotFound:
+            raise UserError(f"{path}: not in the bucket") from None
 
     # --- Inside -----------------------------------------------------------------------------
 
@@ -145,6 +172,27 @@ class Cluster:
         return JobStatus(
             state, log=key, started=started, finished=finished, error=error, outputs=outputs, missing=missing
         )
+
+    def where(self, path: str) -> str:
+        """A pod's path under the bucket's mount (or a gs:// URL) as the gs:// URL this machine reads; a path
+        outside the bucket (which this machine cannot read) is refused."""
+        url = in_bucket(path, self.bucket)
+        if not url.startswith(f"gs://{self.bucket}/"):
+            raise UserError(f"{path}: not in the stack's bucket gs://{self.bucket}, so not readable from here")
+        return url
+
+    def _storage(self, call, what: str):
+        """One Cloud Storage call from this machine; a failure other than a missing object is one line."""
+        try:
+            return call()
+        except NotFound:
+            raise
+        except GoogleAPIError as err:
+            raise UserError(f"{what}: Cloud Storage refused ({err.__class__.__name__}: {err})") from None
+        except (RefreshError, DefaultCredentialsError) as err:
+            raise UserError(
+                f"{what}: no Google credentials here ({err}); run gcloud auth application-default login"
+            ) from None
 
     def _names(self, url: str) -> tuple[str, list[str]]:
         """The bucket-relative folder of a gs:// path (up to its first glob character) and the names below it."""

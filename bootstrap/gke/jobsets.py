@@ -103,9 +103,9 @@ def name_of(job: str, run_name: str) -> str:
     return f"{readable[: NAME_MAX - len(digest) - 1].strip('-')}-{digest}"
 
 
-def in_bucket(path: str, target: Slice) -> str:
+def in_bucket(path: str, bucket: str) -> str:
     """A path under the bucket's mount as Cloud Storage names it."""
-    return f"gs://{target.bucket}{path.removeprefix(BUCKET_MOUNT)}" if path.startswith(BUCKET_MOUNT + "/") else path
+    return f"gs://{bucket}{path.removeprefix(BUCKET_MOUNT)}" if path.startswith(BUCKET_MOUNT + "/") else path
 
 
 def _tool(path: str) -> str:
@@ -142,7 +142,7 @@ def _main_container(job: RenderedJob, target: Slice, extra_env: list[dict]) -> d
 
 def _metadata(job: RenderedJob, target: Slice, run_name: str, labels: dict) -> dict:
     name = name_of(job.name, run_name)
-    outputs = " ".join(in_bucket(path, target) for path in job.outputs)
+    outputs = " ".join(in_bucket(path, target.bucket) for path in job.outputs)
     return {
         "name": name,
         "namespace": NAMESPACE,

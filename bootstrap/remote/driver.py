@@ -135,14 +135,14 @@ class Graph:
 
     def step(self) -> bool:
         """One look at every job: start what is ready, notice what ended. False once nothing is left to do."""
-        if not self.checked:  # a job only needed must be done, or nothing starts at all
+        if not self.checked:  # a job only needed must be done (or not needed at all), or nothing starts
             self.checked = True
+            self._skip_unneeded()
             for job in self.jobs.values():
-                if not job.get("start", True):
+                if not job.get("start", True) and job["name"] not in self.done:
                     self._decide(job)
             if self.failed:
                 return False
-            self._skip_unneeded()
         self._start_ready()
         for name in sorted(self.running):
             self._check(name)

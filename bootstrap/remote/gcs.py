@@ -73,14 +73,19 @@ def _call(url: str, data: bytes | None = None, method: str = "GET") -> bytes:
 
 def names(url: str) -> list[str]:
     """The names of every object below the prefix `url` (gs://bucket/prefix), as gs:// URLs."""
+    return sorted(sizes(url))
+
+
+def sizes(url: str) -> dict[str, int]:
+    """Every object below the prefix `url`: its gs:// URL and its size."""
     bucket, prefix = split(url)
-    found, page = [], None
+    found, page = {}, None
     while True:
-        query = {"prefix": prefix, "fields": "items(name),nextPageToken", **({"pageToken": page} if page else {})}
+        query = {"prefix": prefix, "fields": "items(name,size),nextPageToken", **({"pageToken": page} if page else {})}
         listing = json.loads(_call(f"{_base()}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"))
-        found += [f"{SCHEME}{bucket}/{item['name']}" for item in listing.get("items", [])]
+        found |= {f"{SCHEME}{bucket}/{item['name']}": int(item.get("size", 0)) for item in listing.get("items", [])}
         if not (page := listing.get("nextPageToken")):
-            return sorted(found)
+            return found
 
 
 def _pattern(glob: str) -> re.Pattern:
@@ -112,6 +117,42 @@ def read(url: str) -> bytes | None:
         if err.code == 404:
             return None
         raise
+
+
+def copy_down(url: str, folder: str) -> int:
+    """Make `folder` a copy of the objects below the prefix `url`, by their names below it: an object already
+    there at its size is kept (TensorBoard events grow), a file whose object is gone is removed. Returns how
+    many objects were copied."""
+    prefix, copied, kept = f"{url.rstrip('/')}/", 0, set()
+    for name, size in sizes(prefix).items():
+        target = local_target(folder, name.removeprefix(prefix))
+        if target is None:
+            continue
+        kept.add(target)
+        if os.path.isfile(target) and os.path.getsize(target) == size:
+            continue
+        data = read(name)
+        if data is None:
+            continue  # deleted since the listing
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(f"{target}.part", "wb") as f:
+            f.write(data)
+        os.replace(f"{target}.part", target)
+        copied += 1
+    for root, _, files in os.walk(folder):
+        for file in files:
+            if os.path.join(root, file) not in kept:
+                os.remove(os.path.join(root, file))
+    return copied
+
+
+def local_target(folder: str, relative: str) -> str | None:
+    """Where an object named `relative` below a prefix lands in `folder`: None for a folder's placeholder
+    (`name/`), a name that would land outside `folder` (`../x`) or one with control characters."""
+    target = os.path.normpath(os.path.join(folder, relative))
+    inside = target.startswith(os.path.normpath(folder) + os.sep)
+    printable = all(ch.isprintable() for ch in relative)
+    return target if relative and not relative.endswith("/") and inside and printable else None
 
 
 def write(url: str, data: bytes) -> None:

@@ -10,6 +10,7 @@ laptop imports it for the names and uses these subcommands:
     status JOB_DIR...             JSON state of each job
     follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
     tail JOB_DIR COUNT [FILE]     the last lines of the job's log (or FILE of its folder)
+    copy-down GS_URL DIR          copy a folder of the bucket to DIR (what is there at its size is kept)
 
 A job's command runs in its own session and process group, behind a small shell that
 writes its exit code to a file: if the runner dies, the job goes on, and the next launch
@@ -108,6 +109,11 @@ class Layout:
 
     def run_job(self, run: str, job: str) -> str:
         return f"{self.root}/runs/{run}/{job}"
+
+    def from_bucket(self, url: str) -> str:
+        """A copy on the VM of a folder in the bucket (a run's TensorBoard events), for fab to download; named
+        by a hash of its URL, which may hold anything."""
+        return f"{self.root}/from-bucket/{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:16]}"
 
     def tool(self, script: str) -> str:
         return f"{self.bin}/{script}"
@@ -642,6 +648,9 @@ def main(argv: list[str]) -> int:
             return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
         if command == "tail":
             return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
+        if command == "copy-down":
+            print(gcs.copy_down(args[0], os.path.expanduser(args[1])))
+            return 0
     except BrokenPipeError:
         return 0  # the reader went away (fab stopped following)
     except OSError as err:

@@ -33,24 +33,42 @@ ONE_STEP_BEHIND = ("rewards/", "completions/")
 # optimizer state then, so step N's value is the rate of update N+1 (the last step's is its own, which
 # the step before it already shows): shifted too, the rate of update 1 is not in the files.
 LEARNING_RATE = "actor/train/learning_rate"
+STEP_TAG = "actor/train/loss"  # written once per training step, at that step
 SKIPPED = ("jax/",)
+
+
+Scalars = dict[str, list[tuple[int, float, float]]]  # tag -> (step, wall time, value) as written
+
+
+def _scalars(path: Path) -> tuple[Scalars, float]:
+    """One event file's scalars (written as simple values or as tensors), and when the file was begun."""
+    acc = EventAccumulator(str(path), size_guidance={SCALARS: 0, TENSORS: 0})
+    acc.Reload()
+    tags = acc.Tags()
+    found: Scalars = {}
+    for tag in tags.get("scalars", []):
+        found[tag] = [(e.step, e.wall_time, e.value) for e in acc.Scalars(tag)]
+    for tag in tags.get("tensors", []):
+        values = [(e.step, e.wall_time, tensor_util.make_ndarray(e.tensor_proto)) for e in acc.Tensors(tag)]
+        found[tag] = [(step, wall, float(v.reshape(-1)[0])) for step, wall, v in values if v.size == 1]
+    try:
+        begun = acc.FirstEventTimestamp()
+    except ValueError:  # no event at all: a file its writer had only just begun when the VM was lost
+        begun = 0.0
+    return found, begun
+
+
+def _event_files(folder: Path) -> list[tuple[Scalars, float]]:
+    """Each event file's scalars and when it was begun, oldest first (train begins one file per start)."""
+    return sorted((_scalars(path) for path in folder.rglob("*tfevents*")), key=lambda found: found[1])
 
 
 def read_events(folder: Path) -> Series:
     """Every training scalar in every event file below `folder`, by tag and training step (later files win)."""
     series: Series = {}
-    for path in sorted(folder.rglob("*tfevents*")):
-        acc = EventAccumulator(str(path), size_guidance={SCALARS: 0, TENSORS: 0})
-        acc.Reload()
-        tags = acc.Tags()
-        for tag in tags.get("scalars", []):
-            for event in acc.Scalars(tag):
-                series.setdefault(tag, {})[event.step] = event.value
-        for tag in tags.get("tensors", []):
-            for event in acc.Tensors(tag):
-                value = tensor_util.make_ndarray(event.tensor_proto)
-                if value.size == 1:
-                    series.setdefault(tag, {})[event.step] = float(value.reshape(-1)[0])
+    for scalars, _ in _event_files(folder):
+        for tag, events in scalars.items():
+            series.setdefault(tag, {}).update({step: value for step, _, value in events})
     if values := series.get(LEARNING_RATE):
         last = max(values)
         series[LEARNING_RATE] = {step + 1: value for step, value in values.items() if step < last}
@@ -59,6 +77,52 @@ def read_events(folder: Path) -> Series:
         for tag, values in series.items()
         if not tag.startswith(SKIPPED)
     }
+
+
+def attempts(folder: Path) -> list[dict]:
+    """Each start of train (one event file each, begun when it started): the training steps it logged and
+    when; a step counts from its loss or, written a step earlier, its rollout's metrics."""
+    found = []
+    for scalars, begun in _event_files(folder):
+        times: dict[int, float] = {}
+        for tag, events in scalars.items():
+            for step, wall, _ in events:
+                if tag == STEP_TAG:
+                    times[step] = wall
+                elif tag.startswith(ONE_STEP_BEHIND):
+                    times.setdefault(step + 1, wall)
+        if begun:
+            found.append({"begun": begun, "times": dict(sorted(times.items()))})
+    return found
+
+
+def loss_cost(tries: list[dict]) -> dict:
+    """What the losses cost: each step a start trained that a later start trained again, with the minutes
+    that step took, and the minutes each later start took to reach its first step. A lost VM's steps
+    after its last written event are in no file: the counts are at least these."""
+    redone, minutes_redone = 0, 0.0
+    for i, earlier in enumerate(tries):
+        trained_later = {step for later in tries[i + 1 :] for step in later["times"]}
+        for step, took in _step_seconds(earlier["times"]).items():
+            if step in trained_later:
+                redone += 1
+                minutes_redone += took / 60
+    restarting = sum(min(later["times"].values()) - later["begun"] for later in tries[1:] if later["times"]) / 60
+    return {
+        "attempts": len(tries),
+        "steps_redone": redone,
+        "minutes_redone": round(minutes_redone, 2),
+        "minutes_restarting": round(restarting, 2),
+    }
+
+
+def _step_seconds(times: dict[int, float]) -> dict[int, float]:
+    """How long each step of one start took: from the step before it; its first step, the median of the others."""
+    steps = sorted(times)
+    took = {b: times[b] - times[a] for a, b in zip(steps, steps[1:], strict=False)}
+    if steps:
+        took[steps[0]] = sorted(took.values())[len(took) // 2] if took else 0.0
+    return took
 
 
 def write_csv(series: Series, path: Path) -> None:
@@ -120,9 +184,15 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def summarize(record, path: Path) -> dict:
-    """Per-job durations, evals and durable copies: what to compare with the next run."""
+def summarize(record, path: Path, losses: dict) -> dict:
+    """Per-job durations, evals, durable copies and what losses cost train: what to compare with the next run."""
     jobs = {name: {"state": info.get("state"), "minutes": minutes(info)} for name, info in record.jobs.items()}
-    summary = {"run": record.name, "jobs": jobs, "evals": record.evals, "results": record.results}
+    summary = {
+        "run": record.name,
+        "jobs": jobs,
+        "evals": record.evals,
+        "results": record.results,
+        "train_losses": losses,
+    }
     path.write_text(json.dumps(summary, indent=1))
     return summary

@@ -22,17 +22,24 @@ def fetch_metrics(c, arg=None, run_name=None):
     if train is None:
         raise UserError("the pipeline has no job with progress.tensorboard_dir: nothing to read")
     record, folder = session.record, session.record.folder
-    events = folder / "tensorboard"
-    console.print(f"copying event files from {session.vm.name}:{train.progress['tensorboard_dir']}")
-    session.vm.download(train.progress["tensorboard_dir"], events)
+    events, source = folder / "tensorboard", train.progress["tensorboard_dir"]
+    console.print(f"copying event files from {session.vm.where(source)}")
+    session.vm.download(source, events)
     series = metrics.read_events(events)
     metrics.write_csv(series, folder / "metrics.csv")
     metrics.write_evals_csv(record.evals, folder / "evals.csv")
     metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
     (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
-    metrics.summarize(record, folder / "summary.json")
+    losses = metrics.loss_cost(metrics.attempts(events))
+    metrics.summarize(record, folder / "summary.json", losses)
     steps = max((max(v) for v in series.values() if v), default=0)
     console.print(f"{len(series)} metrics over {steps} steps, {len(record.evals)} evals")
+    if losses["attempts"] > 1:
+        console.print(
+            f"train started {losses['attempts']} times: the losses cost at least {losses['steps_redone']} steps "
+            f"trained again ({losses['minutes_redone']:.1f} min) and {losses['minutes_restarting']:.1f} min of "
+            "starting again, from the events in the files"
+        )
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")
 
@@ -44,7 +51,7 @@ def download(c, dest=None, arg=None, run_name=None):
     session = open_session(c, arg or [], run_name, runs_jobs=False)
     remote = session.plan.export_folder()
     local = Path(dest) if dest else session.record.folder / "model"
-    console.print(f"downloading {session.vm.name}:{remote} to {local}")
+    console.print(f"downloading {session.vm.where(remote)} to {local}")
     files = session.vm.download_verified(
         remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)")
     )

@@ -23,8 +23,9 @@ from fabric import Connection
 from rich.console import Console
 
 from ..errors import UserError
-from ..remote import jobrunner, manifest
+from ..remote import gcs, jobrunner
 from ..remote.jobrunner import JobState, Layout
+from ..results import transfer
 from .output import Cleaner, lines
 
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
@@ -352,76 +353,44 @@ class Vm:
 
     def list_files(self, directory: str) -> dict[str, int]:
         """Files below `directory` (relative path -> size); empty if it does not exist."""
-        code, out, _ = self.execute(f"cd {shlex.quote(directory)} 2>/dev/null && find . -type f -printf '%s\\t%P\\n'")
-        return {path: int(size) for size, path in (line.split("\t", 1) for line in out.splitlines())}
+        code, out, _ = self.execute(f"cd {shlex.quote(directory)} 2>/dev/null && find . -type f -printf '%s\\t%P\\0'")
+        return {path: int(size) for size, path in (entry.split("\t", 1) for entry in out.split("\0") if entry)}
 
-    def download(
-        self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None
-    ) -> dict[str, int]:
-        """Copy a folder that grows in place (TensorBoard events): files here at the same size are kept."""
-        files = self.list_files(directory)
-        if not files:
-            raise UserError(f"{self.name}: nothing to download in {directory}")
-        sftp = self._sftp()
-        for path, size in sorted(files.items()):
-            target = _inside(local, path, f"{self.name}:{directory}")
-            if not (target.exists() and target.stat().st_size == size):
-                self._fetch(sftp, f"{directory}/{path}", target)
-                on_file(path, size)
-        return files
+    def where(self, path: str) -> str:
+        """How fab names a path it reads: in the bucket, or on this VM."""
+        return path if gcs.is_gcs(path) else f"{self.name}:{path}"
+
+    def download(self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None) -> dict[str, int]:
+        """Copy a folder that grows in place (TensorBoard events); one in the bucket is first copied onto the
+        VM, which reads the bucket with its service account."""
+        if not gcs.is_gcs(directory):
+            return transfer.download(self, directory, local, on_file)
+        staging = self.layout.from_bucket(directory)
+        self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
+        if not self.list_files(staging):
+            raise UserError(f"nothing to download in {directory}")
+        return transfer.download(self, staging, local, on_file)
 
     def download_verified(
-        self, directory: str, local: Path, on_file: Callable[[str, int], None] = lambda p, s: None
+        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None
     ) -> dict[str, int]:
-        """Copy the files an export's SHA256SUMS names, each verified by SHA-256 (resumable).
+        """Copy an export, every file verified against its SHA256SUMS (transfer.download_verified)."""
+        return transfer.download_verified(self, directory, local, on_file)
 
-        A file here whose hash differs (another run's shard of the same size, a damaged
-        copy) is fetched again; a fetched file that still differs fails the download.
-        Names that would land outside `local` are refused before anything is written.
-        """
-        where = f"{self.name}:{directory}/{manifest.NAME}"
-        sftp = self._sftp()
+    def read_text(self, path: str) -> str | None:
         with self._io():
             try:
-                with sftp.open(self._sftp_path(f"{directory}/{manifest.NAME}")) as f:
-                    text = f.read().decode("utf-8", "replace")  # all of it: a cut list would verify a part
+                with self._sftp().open(self._sftp_path(path)) as f:
+                    return f.read().decode("utf-8", "replace")
             except FileNotFoundError:
-                raise UserError(f"{where}: not found; the export is not finished (run fab export)") from None
-        try:
-            digests = manifest.parse(text)
-        except ValueError as err:
-            raise UserError(f"{where}: {err}; refused, nothing written to {local}") from None
-        kept = local / manifest.NAME
-        if _no_link(kept, where).exists() and kept.read_text(errors="replace") != text:
-            raise UserError(
-                f"{local} holds another export (its {manifest.NAME} differs from {where}); "
-                "download into an empty folder, or remove that one first"
-            )
-        targets = {name: _inside(local, name, where) for name in digests}
-        local.mkdir(parents=True, exist_ok=True)
-        kept.write_text(text)  # first: a download stopped half way still says whose files these are
-        sizes = {}
-        for name, digest in sorted(digests.items()):
-            target = targets[name]
-            if not (target.exists() and manifest.file_digest(str(target)) == digest):
-                self._fetch(sftp, f"{directory}/{name}", target)
-                if manifest.file_digest(str(target)) != digest:
-                    target.unlink()
-                    raise UserError(f"{name}: SHA-256 of the copy differs from {where}; run the command again")
-                on_file(name, target.stat().st_size)
-            sizes[name] = target.stat().st_size
-        return sizes
+                return None
 
-    def _fetch(self, sftp: paramiko.SFTPClient, remote: str, target: Path) -> None:
-        """One file, under a .part name renamed only when complete."""
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = _no_link(target.with_name(target.name + ".part"), f"{self.name}:{remote}")
+    def fetch(self, path: str, target: Path) -> None:
         with self._io():
             try:
-                sftp.get(self._sftp_path(remote), str(partial))
+                self._sftp().get(self._sftp_path(path), str(target))
             except FileNotFoundError:
-                raise UserError(f"{self.name}:{remote}: not on the VM") from None
-        partial.replace(target)
+                raise UserError(f"{self.name}:{path}: not on the VM") from None
 
     def read_json(self, path: str) -> dict:
         """A small JSON file the VM wrote (a marker); {} if it is missing or unreadable."""
@@ -430,22 +399,3 @@ class Vm:
             return json.loads(out) if code == 0 else {}
         except json.JSONDecodeError:
             return {}
-
-
-def _inside(local: Path, name: str, source: str) -> Path:
-    """Where a file named by the VM lands here; refuse a name that would land outside `local`."""
-    try:
-        manifest.check_name(name)
-    except ValueError as err:
-        raise UserError(f"{source}: {err}; refusing to write outside {local}") from None
-    target = local / name
-    if not target.resolve().is_relative_to(local.resolve()):
-        raise UserError(f"{source}: {name!r} would land outside {local} (through a link); refused")
-    return _no_link(target, source)
-
-
-def _no_link(path: Path, source: str) -> Path:
-    """A file that download writes or replaces: never through a link someone left there."""
-    if path.is_symlink():
-        raise UserError(f"{source}: {path} is a link; fab download writes plain files only: remove it")
-    return path

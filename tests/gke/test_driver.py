@@ -7,6 +7,7 @@ is parsed as on the VM.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,9 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from google.api_core.exceptions import Conflict
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
 
 from bootstrap.gke.jobsets import name_of as js
-from tests import hubstub, kubestub
+from tests import hubstub, kubestub, tbevents
 from tests.kubestub import Run
 from tests.loopback import REPO
 
@@ -41,8 +45,13 @@ def log(name: str) -> list[str]:
 
 
 @pytest.fixture
-def cluster():
+def cluster(gcs_emulator):
     kube, server = kubestub.serve()
+    kube.storage = storage.Client(
+        project="my-project", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_emulator}
+    )
+    with contextlib.suppress(Conflict):
+        kube.storage.create_bucket(OUTPUTS["bucket"])
     hub, hub_server = hubstub.serve()
     yield kube, hub
     server.shutdown()
@@ -50,7 +59,7 @@ def cluster():
 
 
 @pytest.fixture
-def fab(cluster, tmp_path):
+def fab(cluster, tmp_path, gcs_emulator):
     kube, hub = cluster
     token = "hf_gke" + "x" * 30
     hub.tokens[token] = hubstub.Token()
@@ -77,7 +86,7 @@ def fab(cluster, tmp_path):
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "HOME": str(tmp_path),
         "KUBECONFIG": str(tmp_path / "kubeconfig"),
-        "STORAGE_EMULATOR_HOST": kube.url,
+        "STORAGE_EMULATOR_HOST": gcs_emulator,
         "TPU_RL_JOBS": str(jobs),
         "TPU_RL_RUNS": str(tmp_path / "runs"),
         "HF_TOKEN": token,
@@ -136,9 +145,39 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     assert logs.returncode == 0 and "last line" in logs.stdout
     export = fab("export", "--run-name", "r1")
     assert export.returncode == 0 and "export: done already" in export.stdout, export.stdout + export.stderr
-    download = fab("download", "--run-name", "r1")
-    assert download.returncode == 2 and "fab download and fab metrics are for the vm backend" in download.stderr
-    assert "gcloud storage cp -r gs://my-results/llama3.1-8b-Instruct/hf-trained/r1 ." in download.stderr
+
+
+def test_download_and_metrics_read_the_bucket(fab, tmp_path):
+    """The export, verified by its SHA256SUMS, and the TensorBoard events, straight from the bucket."""
+    script(fab.kube)
+    assert fab("train", "--run-name", "r4").returncode == 0
+    download = fab("download", "--run-name", "r4")
+    assert download.returncode == 0, download.stderr
+    model = tmp_path / "runs" / "r4" / "model"
+    export = "gs://my-results/llama3.1-8b-Instruct/hf-trained/r4"
+    assert (model / "config.json").read_text() == f"{export}/config.json\n"  # what the export pod wrote there
+    assert sorted(p.name for p in model.iterdir()) == sorted(
+        ["SHA256SUMS", "config.json", "generation_config.json", "4.safetensors"]
+    )
+    bucket = fab.kube.storage.bucket("my-results")
+    bucket.blob("llama3.1-8b-Instruct/hf-trained/r4/config.json").upload_from_string(b"damaged\n")
+    (model / "config.json").unlink()
+    damaged = fab("download", "--run-name", "r4")
+    assert damaged.returncode == 2 and "config.json: SHA-256 of the copy differs from" in damaged.stderr
+    assert not (model / "config.json").exists()  # nothing unverified is kept
+
+    steps = [tbevents.scalar_event(step, "actor/train/loss", step / 4) for step in (1, 2, 3, 4)]
+    events = tbevents.write(tmp_path / "pod-tensorboard", steps)  # as train's pod writes them into the bucket
+    bucket.blob(f"llama3.1-8b-Instruct/post-train/r4/tensorboard/{events.name}").upload_from_filename(str(events))
+    metrics = fab("metrics", "--run-name", "r4")
+    assert metrics.returncode == 0, metrics.stderr
+    assert "copying event files from gs://my-results/llama3.1-8b-Instruct/post-train/r4/tensorboard" in metrics.stdout
+    assert (tmp_path / "runs" / "r4" / "metrics.csv").read_text().splitlines()[1:] == [
+        "1,0.25",
+        "2,0.5",
+        "3,0.75",
+        "4,1.0",
+    ]
 
 
 def test_a_failed_jobset_is_reported_then_replaced_on_retry(fab):
@@ -162,7 +201,10 @@ def test_a_jobset_completed_without_its_outputs_is_not_done(fab):
     def finish_without_outputs(name, end):
         original(name, end)
         if name == js("convert", "r3"):
-            fab.kube.objects.clear()
+            for pattern in fab.kube.jobsets[name]["metadata"]["annotations"]["tpu-rl/outputs"].split():
+                bucket, _, prefix = pattern.removeprefix("gs://").partition("/")
+                for blob in fab.kube.storage.list_blobs(bucket, prefix=prefix):
+                    blob.delete()
 
     fab.kube.finish = finish_without_outputs
     result = fab("train", "--run-name", "r3")

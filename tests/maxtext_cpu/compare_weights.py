@@ -1,7 +1,7 @@
 """What training did to the weights, and what export shipped: the input model, the actor checkpoints
 and the Hugging Face export, read independently of MaxText's converters.
 
-    PYTHON compare_weights.py INPUT_MODEL_DIR ACTOR_DIR EXPORT_DIR    # PYTHON: the CPU venv
+    PYTHON compare_weights.py INPUT_MODEL_DIR ACTOR_DIR EXPORT_DIR    # PYTHON: the CPU venv; ACTOR_DIR may be gs://
 
 Prints one JSON object:
 - "steps": for each saved actor step, the optimizer's update count and the learning rate it used
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from safetensors import safe_open
 
 RTOL, ATOL = 2**-7, 1e-4  # bf16 keeps 8 significant bits
@@ -37,7 +38,7 @@ def safetensors(folder: Path) -> tuple[dict[str, np.ndarray], set[str]]:
     return out, dtypes
 
 
-def restore(path: Path) -> dict:
+def restore(path: epath.Path) -> dict:
     return ocp.PyTreeCheckpointer().restore(str(path))
 
 
@@ -95,7 +96,7 @@ def in_tolerances(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b) / (ATOL + RTOL * np.abs(b))))
 
 
-def main(source: Path, actor: Path, export: Path) -> None:
+def main(source: Path, actor: epath.Path, export: Path) -> None:
     before, _ = safetensors(source)
     after, dtypes = safetensors(export)
     head_dim = json.loads((source / "config.json").read_text())["head_dim"]
@@ -124,4 +125,4 @@ def main(source: Path, actor: Path, export: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+    main(Path(sys.argv[1]), epath.Path(sys.argv[2]), Path(sys.argv[3]))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests import hubstub
+from tests import gcsemulator, hubstub
 from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
 
 HERE = Path(__file__).resolve().parent
@@ -75,21 +77,23 @@ def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
         "train.use_standalone_converter=true",  # the branch that takes a rollout class: the CPU sampler
         "train.env.MAXTEXT_CPU_ROLLOUT=1",
         f"train.env.PYTHONPATH={HERE / 'shim'}",
+        f"convert.env.PYTHONPATH={HERE / 'shim'}",  # a gs:// folder made as TensorFlow's gfile makes it
         "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's
     ]
 
 
 @pytest.fixture(scope="session")
-def cpu_host(tmp_path_factory):
-    """The loopback "VM": no TPU (JAX on CPU), no Hub (the Hugging Face cache is read offline)."""
+def cpu_host(tmp_path_factory, gcs_emulator):
+    """The loopback "VM": no TPU (JAX on CPU), no Hub (the Hugging Face cache is read offline), and the
+    Cloud Storage emulator as its bucket."""
     env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with loopback_host(tmp_path_factory.mktemp("sshd"), env) as host:
+    with loopback_host(tmp_path_factory.mktemp("sshd"), env | gcsemulator.client_env(gcs_emulator)) as host:
         yield host
 
 
-@pytest.fixture(scope="session")
-def cpu_fab(cpu_host, tmp_path_factory) -> Fab:
-    tmp = tmp_path_factory.mktemp("cpu")
+@contextmanager
+def cpu_fab_at(host, tmp: Path) -> Iterator[Fab]:
+    """fab for the CPU tier, with its own folders in `tmp` ("VM" state, /dev/shm, runs) and the CPU venv."""
     state, server = hubstub.serve()
     token = "hf_cpu" + uuid.uuid4().hex
     state.tokens[token] = hubstub.Token()
@@ -97,8 +101,16 @@ def cpu_fab(cpu_host, tmp_path_factory) -> Fab:
     write_test_jobs(jobs, tmp, [])
     edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=environment()))
     edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True))
-    yield Fab(cpu_host, tmp, token, jobs, state)
-    server.shutdown()
+    try:
+        yield Fab(host, tmp, token, jobs, state)
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def cpu_fab(cpu_host, tmp_path_factory) -> Iterator[Fab]:
+    with cpu_fab_at(cpu_host, tmp_path_factory.mktemp("cpu")) as fab:
+        yield fab
 
 
 __all__ = ["REPO", "overrides"]

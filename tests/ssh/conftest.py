@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from tests import computestub, hubstub
+from tests import gcsemulator, hubstub
 from tests.loopback import REPO, Fab, loopback_host, write_test_jobs
 
 
@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def ssh_host(tmp_path_factory, gcs_emulator):
     """The "VM", which reaches the Cloud Storage emulator (tests/conftest.py) as a VM reaches its bucket."""
-    with loopback_host(tmp_path_factory.mktemp("sshd"), {"STORAGE_EMULATOR_HOST": gcs_emulator}) as host:
+    with loopback_host(tmp_path_factory.mktemp("sshd"), gcsemulator.client_env(gcs_emulator)) as host:
         yield host
 
 
@@ -34,12 +34,6 @@ def _served(stub):
 def hub():
     """The Hub stand-in both ends use: fab's token preflight and the upload job on the "VM"."""
     yield from _served(hubstub)
-
-
-@pytest.fixture(scope="session")
-def compute():
-    """The Compute Engine API stand-in that publishes VMs' SSH host keys."""
-    yield from _served(computestub)
 
 
 @pytest.fixture

@@ -9,52 +9,19 @@ bucket is a real Cloud Storage emulator (tests/gcsemulator.py).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import os
 import re
-import shutil
-import signal
-import socket
 import uuid
 
 import pytest
 
 from bootstrap.remote import gcs
 from tests import gcsemulator
-from tests.loopback import Fab, wait_for, write_hub_cache
-from tests.stack import INSTANCE, Stack
+from tests.loopback import wait_for
+from tests.stack import INSTANCE, Stack, closed_port, committed, lose, wipe
 
 SMALL = ("--arg", "vars.num_batches=2")
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def unreachable(stack: Stack, instance_id: str) -> None:
-    """The stack's outputs still name the old VM, at an address where nothing answers any more."""
-    stack.outputs(stack.outputs_for(instance_id, port=closed_port()))
-
-
-def lose(fab: Fab) -> None:
-    """The VM is gone at once: its driver, runners and jobs die without a word."""
-    state = fab.tmp / "state"
-    records = [state / "pipeline" / "driver.json", *state.glob("**/runner.json"), *state.glob("**/process.json")]
-    for record in records:
-        pid = json.loads(record.read_text())["pid"]
-        for kill in (os.killpg, os.kill):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(pid, signal.SIGKILL)
-
-
-def wipe(fab: Fab) -> None:
-    for folder in ("state", "shm", "venv", "hf_home"):
-        shutil.rmtree(fab.tmp / folder, ignore_errors=True)
-    write_hub_cache(fab.tmp / "hf_home")  # what the Hub serves a new VM's prefetch (offline here)
 
 
 @pytest.fixture
@@ -84,7 +51,7 @@ FOREIGN = (
 )
 def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instance_id, why):
     assert stack("status").returncode == 0  # pinned while it ran
-    unreachable(stack, "1001")
+    stack.unreachable("1001")
     if status is None:
         del compute.instances[INSTANCE]
     else:
@@ -100,7 +67,7 @@ def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instan
 
 def test_without_the_compute_api_the_ssh_failure_is_the_message(stack, compute):
     assert stack("status").returncode == 0
-    unreachable(stack, "1001")
+    stack.unreachable("1001")
     stack.compute = dataclasses.replace(compute, url=f"http://127.0.0.1:{closed_port()}")  # offline laptop
     result = stack("status")
     assert result.returncode == 2 and "connection refused" in result.stderr
@@ -111,7 +78,7 @@ def test_without_the_compute_api_the_ssh_failure_is_the_message(stack, compute):
 def test_a_vm_that_answers_but_refuses_ssh_is_not_called_lost(stack):
     """The API says it runs as the stack says: the SSH failure itself is the message."""
     assert stack("status").returncode == 0
-    unreachable(stack, "1001")
+    stack.unreachable("1001")
     result = stack("status")
     assert result.returncode == 2 and "connection refused" in result.stderr and "--recover" not in result.stderr
 
@@ -121,7 +88,7 @@ def test_recover_recreates_a_deleted_vm_and_the_run_carries_on_there(fab, stack,
     assert first.returncode == 0, first.stderr
     wipe(fab)
     del compute.instances[INSTANCE]
-    unreachable(stack, "1001")
+    stack.unreachable("1001")
     lost = stack("train", "--run-name", "r1", *SMALL)
     assert lost.returncode == 2 and "fab train --recover" in lost.stderr
     assert not (fab.tmp / "state").exists()  # nothing was started anywhere
@@ -160,11 +127,6 @@ def test_recover_replaces_a_stopped_vm_and_leaves_a_running_one_alone(fab, stack
     assert "export: done already" in recovered.stdout  # the loopback "new" VM kept its files: nothing ran again
 
 
-def committed(actor: str) -> list[int]:
-    names = gcs.names(f"{actor}/")
-    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r".*/([0-9]+)/commit_success\.txt", n)))
-
-
 def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_the_bucket(
     fab, stack, compute, gcs_emulator, monkeypatch
 ):
@@ -185,7 +147,7 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     assert 2 <= kept < 6
     wipe(fab)
     del compute.instances[INSTANCE]
-    unreachable(stack, "1001")
+    stack.unreachable("1001")
 
     stack.after_up("2002")
     recovered = stack("train", *args, *slow, "--recover", timeout=600)  # as the one-line error says: no --run-name
@@ -206,3 +168,10 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     )
     assert convert_record["outputs"] == [f"{durable}/mt-format/{convert_record['outputs'][0].split('/')[-3]}/0/items"]
     assert json.loads(gcs.read(f"{durable}/tpu-rl/runs/r1/train.json"))["outputs"][-1] == f"{actor}/6/model_params"
+
+    metrics = stack("metrics", *args, *slow)  # the events are in the bucket: the new VM copies them for fab
+    assert metrics.returncode == 0, metrics.stderr
+    assert f"copying event files from {durable}/post-train/r1/tensorboard" in " ".join(metrics.stdout.split())
+    assert "train started 2 times" in metrics.stdout  # one event file per start, both in the bucket
+    rows = (fab.tmp / "runs" / "r1" / "metrics.csv").read_text().splitlines()[1:]
+    assert [int(row.split(",")[0]) for row in rows] == list(range(1, 7))

@@ -134,6 +134,16 @@ def test_a_job_only_done_jobs_need_is_not_run():
     ]
 
 
+def test_a_job_run_alone_on_a_new_vm_finds_itself_in_the_bucket_before_its_needs_are_asked_for():
+    """`fab convert` on a new VM whose converted model is kept: prefetch, which it needs, is not needed."""
+    jobs = FakeJobs({"setup": JobState.DONE, "convert": JobState.DONE})
+    graph = jobs.drive(starts=["convert"])
+    assert graph.outcome is PipelineState.DONE and jobs.calls == []
+    assert [e["message"] for e in jobs.events if e.get("job") == "prefetch"] == [
+        "prefetch: not needed, convert done already"
+    ]
+
+
 def test_a_job_restored_from_the_bucket_says_so():
     state = {"state": JobState.DONE.value, "restored_from": "gs://b/m/tpu-rl/shared/convert-k.json"}
     assert decide("convert", state) == (Action.SKIP, "convert: done already, kept in the bucket (finished ?), skipping")

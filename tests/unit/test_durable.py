@@ -189,3 +189,28 @@ def test_the_preflight_checks_the_vm_may_use_the_bucket_as_maxtext_will(bucket, 
     assert missing["bucket"]["ok"] is False
     assert missing["bucket"]["message"].startswith("the VM cannot use gs://no-such-bucket-here/m (HTTP 404")
     assert "roles/storage.objectAdmin and roles/storage.legacyBucketReader" in missing["bucket"]["message"]
+
+
+def test_copy_down_copies_a_folder_of_the_bucket_without_its_placeholders_and_again_what_grew(bucket, tmp_path):
+    events = f"{bucket}/post-train/r1/tensorboard"
+    gcs.write(f"{events}/events.out.tfevents.1.vm", b"first")
+    gcs.write(f"{events}/sub/events.out.tfevents.2.vm", b"second")
+    gcs.write(f"{events}/", b"-")  # the folder's placeholder, as TensorFlow's gfile makes one (empty there)
+    target = tmp_path / "copy"
+    assert gcs.copy_down(events, str(target)) == 2
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "copy/events.out.tfevents.1.vm",
+        "copy/sub/events.out.tfevents.2.vm",
+    ]
+    gcs.write(f"{events}/events.out.tfevents.1.vm", b"first, grown")
+    (target / "stale").write_bytes(b"an object deleted since")
+    assert gcs.copy_down(events, str(target)) == 1  # only what changed in size
+    assert (target / "events.out.tfevents.1.vm").read_bytes() == b"first, grown"
+    assert not (target / "stale").exists()
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/../../escape", "/etc/passwd", "", "sub/", "a\nb"])
+def test_an_object_name_that_would_land_outside_the_copy_or_is_a_folder_is_not_copied(name, tmp_path):
+    """The emulator refuses such names; Cloud Storage takes any but `.` and `..` alone."""
+    assert gcs.local_target(str(tmp_path / "copy"), name) is None
+    assert gcs.local_target(str(tmp_path / "copy"), "a/./b") == str(tmp_path / "copy" / "a" / "b")

@@ -9,7 +9,7 @@ import pytest
 
 from bootstrap.errors import UserError
 from bootstrap.remote import manifest
-from bootstrap.vm.machine import _inside
+from bootstrap.results.transfer import _inside
 
 
 def test_written_manifest_is_checked_by_sha256sum(tmp_path):

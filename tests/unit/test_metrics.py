@@ -2,24 +2,15 @@
 
 import csv
 import json
+import time
 
-import numpy as np
 import pytest
-from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
-from tensorboard.util import tensor_util
 
 from bootstrap.results import metrics
 from bootstrap.results.runs import RunRecord
-
-
-def scalar_event(step: int, tag: str, value: float, as_tensor: bool) -> event_pb2.Event:
-    if as_tensor:  # how TF2 / flax metric writers store scalars
-        summary_value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value)))
-        summary_value.metadata.plugin_data.plugin_name = "scalars"
-    else:  # how tensorboardX and older writers store them
-        summary_value = summary_pb2.Summary.Value(tag=tag, simple_value=value)
-    return event_pb2.Event(step=step, wall_time=1700000000.0 + step, summary=summary_pb2.Summary(value=[summary_value]))
+from tests import tbevents
+from tests.tbevents import scalar_event
 
 
 @pytest.fixture
@@ -118,6 +109,57 @@ def test_plot_is_a_png(events_dir, tmp_path):
 def test_summary_has_durations(tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_RL_RUNS", str(tmp_path))
     record = RunRecord("r1", jobs={"train": {"state": "done", "started": 100.0, "finished": 700.0}}, evals=EVALS)
-    summary = metrics.summarize(record, tmp_path / "summary.json")
+    summary = metrics.summarize(record, tmp_path / "summary.json", metrics.loss_cost([]))
     assert summary["jobs"]["train"] == {"state": "done", "minutes": 10.0}
     assert json.loads((tmp_path / "summary.json").read_text())["evals"][2]["accuracy"] == 65.0
+
+
+def attempts_of(folder, starts: list[tuple[range, float]]) -> list[dict]:
+    """One event file per start: its steps, each 10 s after the one before, from `begin`."""
+    folder.mkdir(exist_ok=True)
+    for steps, begin in starts:
+        events = [scalar_event(step, "actor/train/loss", 0.5) for step in steps]
+        for event, step in zip(events, steps, strict=True):
+            event.wall_time = begin + 10 * step
+        tbevents.write(folder, events)
+    return metrics.attempts(folder)
+
+
+def test_what_a_loss_cost_is_read_from_the_attempts_event_files(tmp_path):
+    """A first start logs steps 1-5 and is lost; the next restores step 3 and logs 4-10: steps 4 and 5 were
+    trained twice, and the second start took its own time to reach its first step."""
+    base = time.time()
+    tries = attempts_of(tmp_path / "tensorboard", [(range(1, 6), base), (range(4, 11), base + 1000)])
+    assert [sorted(t["times"]) for t in tries] == [list(range(1, 6)), list(range(4, 11))]
+    cost = metrics.loss_cost(tries)
+    assert cost["attempts"] == 2 and cost["steps_redone"] == 2
+    assert cost["minutes_redone"] == pytest.approx(20 / 60, abs=0.01)  # steps 4 and 5, 10 s each
+    begun = tries[1]["begun"]  # when the second file was begun, by the writer's clock
+    assert cost["minutes_restarting"] == pytest.approx((base + 1040 - begun) / 60, abs=0.01)
+    assert metrics.loss_cost(tries[:1]) == {
+        "attempts": 1,
+        "steps_redone": 0,
+        "minutes_redone": 0.0,
+        "minutes_restarting": 0.0,
+    }
+
+
+def test_a_step_trained_by_three_starts_counts_twice_and_one_trained_once_never(tmp_path):
+    """A trains 1-10, B resumes at 5 and trains 6-7, C resumes at 5 and trains 6-12: A's 6-10 and B's 6-7
+    were trained again, 7 steps; 11 and 12 only once."""
+    base = time.time()
+    starts = [(range(1, 11), base), (range(6, 8), base + 1000), (range(6, 13), base + 2000)]
+    cost = metrics.loss_cost(attempts_of(tmp_path / "tensorboard", starts))
+    assert cost["attempts"] == 3 and cost["steps_redone"] == 7
+    assert cost["minutes_redone"] == pytest.approx(7 * 10 / 60, abs=0.01)
+
+
+def test_an_empty_event_file_is_no_attempt_and_a_rollout_is_its_step(tmp_path):
+    folder = tmp_path / "tensorboard"
+    folder.mkdir()
+    (folder / "events.out.tfevents.1700000000.lost-vm").write_bytes(b"")
+    tbevents.write(folder, [scalar_event(step, "actor/train/loss", 0.5) for step in (1, 2)])
+    assert [sorted(t["times"]) for t in metrics.attempts(folder)] == [[1, 2]]
+    tbevents.write(folder, [scalar_event(0, "rewards/train/score/mean", 0.5)])  # lost after step 1's rollout
+    assert [sorted(t["times"]) for t in metrics.attempts(folder)] == [[1, 2], [1]]
+    assert sorted(metrics.read_events(folder)["actor/train/loss"]) == [1, 2]

@@ -172,6 +172,13 @@ def test_converted_folder_is_named_by_what_convert_does(jobs):
     assert rendered(["train.num_batches=7"])["convert"].key == jobs["convert"].key
 
 
+def test_a_convert_to_another_place_is_another_job():
+    """Its key names its job folder on the VM too: a convert done into /dev/shm is not done in a bucket."""
+    local, bucket = rendered(), rendered(["vars.durable_dir=gs://b/p/llama"])
+    assert local["convert"].key != bucket["convert"].key
+    assert bucket["convert"].outputs == [f"gs://b/p/llama/mt-format/{bucket['convert'].key}/0/items"]
+
+
 def test_a_key_of_no_job_is_refused_with_its_origin():
     with pytest.raises(UserError) as err:
         load_pipeline(REPO / "jobs", ["vars.checkpoint_dir=/dev/shm/m/${key:convrt}"], {"run_name": RUN})

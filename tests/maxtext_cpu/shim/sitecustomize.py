@@ -1,26 +1,108 @@
-"""Test environment only: with MAXTEXT_CPU_ROLLOUT=1, train_rl's vLLM rollout is a plain JAX sampler.
+"""Test environment only: what the CPU tier puts in place of what a TPU VM has. Nothing in
+site-packages is edited; each part is a patch applied when its module is imported.
 
-MaxText 0.2.3's train_rl imports its vLLM rollout at module level (vLLM needs a TPU). On
-PYTHONPATH, this file makes that one import load cpu_rollout.py instead; the trainer, model,
-data, rewards, eval, checkpointing and TensorBoard stay the real code. Nothing in
-site-packages is edited.
+- MAXTEXT_CPU_ROLLOUT=1: MaxText 0.2.3's train_rl imports its vLLM rollout at module level
+  (vLLM needs a TPU); that one import loads cpu_rollout.py instead. The trainer, model, data,
+  rewards, eval, checkpointing and TensorBoard stay the real code.
+- TensorFlow's gfile for `gs://` folders. The VM's environment has TensorFlow, so epath makes a
+  gs:// folder with tf.io.gfile, which writes a `folder/` placeholder object; this one has no
+  TensorFlow, and gcsfs makes nothing, so MaxText's check that the folder now exists
+  (`gcs_utils.mkdir_and_check_permissions`) would fail. The placeholder is written here instead.
+- TPU_RL_CPU_HOLD_FILE=PATH: a VM lost right after a checkpoint. While PATH exists and holds a
+  step number, train holds once that step's checkpoint is committed (PATH.held says so) until it
+  is killed, so that a test loses the VM exactly there.
 """
 
 import importlib.abc
 import importlib.util
 import os
 import sys
+import threading
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 ROLLOUT_MODULE = "maxtext.integration.vllm.maxtext_vllm_rollout"
-REPLACEMENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_rollout.py")
 
 
-class _CpuRolloutFinder(importlib.abc.MetaPathFinder):
+class _Replace(importlib.abc.MetaPathFinder):
+    """Loads `path` when `name` is imported."""
+
+    def __init__(self, name, path):
+        self.name, self.path = name, path
+
     def find_spec(self, fullname, path=None, target=None):
-        if fullname == ROLLOUT_MODULE:
-            return importlib.util.spec_from_file_location(fullname, REPLACEMENT)
+        return importlib.util.spec_from_file_location(fullname, self.path) if fullname == self.name else None
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `patch(module)` once `name` has been imported."""
+
+    def __init__(self, name, patch):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # the module's own spec, found without this finder
+        spec = importlib.util.find_spec(fullname)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _gfile_folders(backend):
+    """mkdir and makedirs of a gs:// folder also write its `folder/` placeholder, as tf.io.gfile does."""
+    fsspec_backend = backend._FileSystemSpecBackend
+
+    def placing(make):
+        def made(self, path, **kwargs):
+            make(self, path, **kwargs)
+            path = os.fspath(path)
+            if path.startswith("gs://"):
+                from google.cloud import storage
+
+                bucket, _, folder = path[len("gs://") :].partition("/")
+                placeholder = storage.Client().bucket(bucket).blob(folder.rstrip("/") + "/")
+                if folder and not placeholder.exists():
+                    placeholder.upload_from_string(b"")
+
+        return made
+
+    fsspec_backend.mkdir = placing(fsspec_backend.mkdir)
+    fsspec_backend.makedirs = placing(fsspec_backend.makedirs)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except FileNotFoundError:
         return None
 
 
+def _hold_after_checkpoint(checkpoint_manager):
+    """tunix's CheckpointManager.save, held after the step TPU_RL_CPU_HOLD_FILE names."""
+    hold = os.environ["TPU_RL_CPU_HOLD_FILE"]
+    save = checkpoint_manager.CheckpointManager.save
+
+    def saving(self, step, *args, **kwargs):
+        saved = save(self, step, *args, **kwargs)
+        if _read(hold) == str(step):
+            self._checkpoint_manager.wait_until_finished()
+            with open(hold + ".held", "w") as held:
+                held.write(f"{step}\n")
+            threading.Event().wait()
+        return saved
+
+    checkpoint_manager.CheckpointManager.save = saving
+
+
+sys.meta_path.insert(0, _AfterImport("etils.epath.backend", _gfile_folders))
 if os.environ.get("MAXTEXT_CPU_ROLLOUT") == "1":
-    sys.meta_path.insert(0, _CpuRolloutFinder())
+    sys.meta_path.insert(0, _Replace(ROLLOUT_MODULE, os.path.join(HERE, "cpu_rollout.py")))
+if os.environ.get("TPU_RL_CPU_HOLD_FILE"):
+    sys.meta_path.insert(0, _AfterImport("tunix.sft.checkpoint_manager", _hold_after_checkpoint))

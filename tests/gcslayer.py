@@ -1,0 +1,175 @@
+"""What Cloud Storage does and gcp-storage-emulator does not, as a thin layer in front of it (tests only).
+
+tensorstore's OCDBT (orbax's checkpoints in MaxText) relies on three things the emulator lacks
+(`../shared/reference/gcs_emulation.md`): the `x-goog-generation` headers on reads, generation
+preconditions (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`, answered with
+412 or, for a read that matches, 304), and `startOffset`/`endOffset` on listings (without them
+`delete_existing` deletes the whole bucket). This layer adds those, from the emulator's own object
+metadata, and passes everything else through unchanged. A lock per object makes each check and the
+request it guards one step, as the service's preconditions are atomic (a resumable upload is checked
+when it begins, not again when it ends). Objects keep one generation (no versioning): a request for
+another generation is 404, as for a deleted one. Bodies sent in chunks (no Content-Length) are not
+read: no client here sends them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+OBJECT_PATHS = ("/storage/v1/b/", "/download/storage/v1/b/", "/upload/storage/v1/b/")
+GENERATION_HEADERS = {"generation": "x-goog-generation", "metageneration": "x-goog-metageneration"}
+
+
+class _Locks:
+    """One lock per object: a check and the request it guards are one step, other objects go on beside."""
+
+    def __init__(self):
+        self._guard, self._held = threading.Lock(), {}
+
+    def hold(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._held.setdefault(name, threading.Lock())
+
+
+class _Layer(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    upstream: tuple[str, int]
+    locks: _Locks
+
+    def log_message(self, *args) -> None:  # the emulator's own log is enough
+        pass
+
+    def handle(self) -> None:
+        """gcsfs sends an object read and a listing at once and drops the one it does not need."""
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_GET
+
+    def _handle(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        bucket, name = _object_of(url.path, query, body, self.headers.get("Content-Type", ""))
+        with self.locks.hold(f"{bucket}/{name}") if name else contextlib.nullcontext():
+            current = self._metadata(bucket, name) if name else None
+            refused = _precondition_failed(self.command, query, current)
+            if refused:
+                return self._reply(refused, {}, b"")
+            if current and query.get("generation", current["generation"]) != current["generation"]:
+                return self._reply(404, {}, b"")  # a generation that is no more (no versioning here)
+            status, headers, data = self._forward(self.path, body)
+        if self.command == "GET" and url.path.endswith("/o") and status == 200:
+            data = _listing_within(data, query.get("startOffset", ""), query.get("endOffset"))
+        if self.command == "GET" and current and status in (200, 206):
+            headers.update({header: current[key] for key, header in GENERATION_HEADERS.items()})
+            headers["x-goog-stored-content-length"] = current["size"]
+            headers["x-goog-stored-content-encoding"] = "identity"
+        self._reply(status, headers, data)
+
+    def _metadata(self, bucket: str, name: str) -> dict | None:
+        status, _, data = self._forward(f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}", b"", "GET")
+        return json.loads(data) if status == 200 else None
+
+    def _forward(self, path: str, body: bytes, method: str | None = None) -> tuple[int, dict[str, str], bytes]:
+        """The emulator's answer to this request, or (with `method`) to a plain one of the layer's own."""
+        connection = http.client.HTTPConnection(*self.upstream, timeout=60)
+        try:
+            skip = {"content-length", "connection", "transfer-encoding"}
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in skip} if method is None else {}
+            headers.setdefault("Host", self.headers.get("Host", ""))
+            sent = body if method is None and "Content-Length" in self.headers else None  # an empty upload too
+            connection.request(method or self.command, path, body=sent, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+            kept = {k: v for k, v in response.getheaders() if k.lower() not in skip}
+            return response.status, kept, data
+        finally:
+            connection.close()
+
+    def _reply(self, status: int, headers: dict[str, str], data: bytes) -> None:
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _object_of(path: str, query: dict, body: bytes, content_type: str) -> tuple[str, str]:
+    """The bucket and object a request reads or writes ("" for a bucket-level request)."""
+    prefix = next((p for p in OBJECT_PATHS if path.startswith(p)), None)
+    if prefix is None:
+        return "", ""
+    bucket, _, rest = path[len(prefix) :].partition("/")
+    if rest.startswith("o/"):
+        return bucket, urllib.parse.unquote(rest[2:])
+    if rest == "o" and prefix.startswith("/upload"):
+        if "name" in query:
+            return bucket, query["name"]
+        if content_type.startswith("application/json") and body:  # a resumable upload begins: its metadata
+            return bucket, json.loads(body).get("name", "")
+        if content_type.startswith("multipart/related") and b"{" in body:
+            start = body.index(b"{")
+            metadata, _ = json.JSONDecoder().raw_decode(body[start:].decode("utf-8", "replace"))
+            return bucket, metadata.get("name", "")
+    return bucket, ""
+
+
+def _precondition_failed(method: str, query: dict, current: dict | None) -> int | None:
+    """412 (or 304 for a read) when the request's generation conditions do not hold for the object now. A read
+    or delete of no object is the emulator's 404, whatever its conditions, as on the service."""
+    if current is None and method in ("GET", "DELETE"):
+        return None
+    generation = current["generation"] if current else "0"
+    metageneration = current["metageneration"] if current else None
+    unchanged = 304 if method == "GET" else 412
+    if "ifGenerationMatch" in query and query["ifGenerationMatch"] != generation:
+        return 412
+    if "ifGenerationNotMatch" in query and query["ifGenerationNotMatch"] == generation:
+        return unchanged
+    if "ifMetagenerationMatch" in query and query["ifMetagenerationMatch"] != metageneration:
+        return 412
+    if "ifMetagenerationNotMatch" in query and query["ifMetagenerationNotMatch"] == metageneration:
+        return unchanged
+    return None
+
+
+def _listing_within(data: bytes, start: str, end: str | None) -> bytes:
+    """A listing cut to [startOffset, endOffset), as the service cuts it."""
+    if not start and end is None:
+        return data
+    listing = json.loads(data)
+
+    def within(name: str) -> bool:
+        return name >= start and (end is None or name < end)
+
+    listing["items"] = [item for item in listing.get("items", []) if within(item["name"])]
+    listing["prefixes"] = [prefix for prefix in listing.get("prefixes", []) if within(prefix)]
+    return json.dumps(listing).encode()
+
+
+@contextmanager
+def layer(emulator_url: str) -> Iterator[str]:
+    """The layer's URL, in front of the emulator at `emulator_url`, while it runs."""
+    upstream = urllib.parse.urlsplit(emulator_url)
+    handler = type("Layer", (_Layer,), {"upstream": (upstream.hostname, upstream.port), "locks": _Locks()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,151 @@
+"""A VM lost mid-train, on the real pipeline: real to_maxtext, train_rl and to_huggingface on a tiny model, with
+the converted model and the training checkpoints in the bucket (MaxText writes gs:// itself).
+
+Train checkpoints every step of 4; the "VM" is lost right after step 2's checkpoint is committed
+(shim/sitecustomize.py holds train there, then the test kills everything and wipes what a new VM
+lacks); `fab train --recover` recreates it (tests/stack.py) and carries on. The bucket is the
+Cloud Storage emulator behind tests/gcslayer.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import subprocess
+import uuid
+
+import pytest
+
+from bootstrap.remote import jobrunner
+from bootstrap.remote.driver import PipelineState
+from tests import gcsemulator
+from tests.loopback import Fab, wait_for
+from tests.maxtext_cpu.conftest import HERE, VENV, cpu_fab_at, overrides
+from tests.stack import INSTANCE, Stack, committed, lose, wipe
+
+STEPS, LOST_AFTER = 4, 2
+
+
+def ended(fab: Fab) -> bool:
+    """Whether the VM's pipeline is over (it failed, or did all): then train will not hold any more."""
+    record = jobrunner.read_json(str(fab.tmp / "state" / "pipeline" / "driver.json")) or {}
+    return record.get("state") in (PipelineState.DONE.value, PipelineState.FAILED.value)
+
+
+@pytest.fixture(scope="module")
+def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory) -> dict:
+    """One run lost after step LOST_AFTER and recovered with `fab train --recover`; what the tests read."""
+    with cpu_fab_at(cpu_host, tmp_path_factory.mktemp("cpu-loss")) as fab, pytest.MonkeyPatch.context() as env:
+        env.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # where this side reads the bucket
+        compute.host_keys[INSTANCE] = [tuple(fab.host.host_key.read_text().split()[:2])]
+        stack = Stack(fab, compute, instance_id="1001")
+        setup = stack("setup", timeout=1800)
+        assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr
+        inputs = fab.tmp / "inputs"
+        subprocess.run([VENV / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+        durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
+        hold = fab.tmp / "hold"
+        hold.write_text(f"{LOST_AFTER}\n")
+        overridden = [
+            *overrides(inputs, STEPS),
+            f"vars.durable_dir={durable}",
+            f"train.env.TPU_RL_CPU_HOLD_FILE={hold}",
+        ]
+        args = [word for override in overridden for word in ("--arg", override)]
+
+        started = stack("train", "--run-name", "r1", *args, "--detach", timeout=1800)
+        assert started.returncode == 0, started.stdout[-3000:] + started.stderr
+        held = hold.with_name("hold.held")
+        wait_for(lambda: held.exists() or ended(fab), timeout=1800, what=f"train to hold after step {LOST_AFTER}")
+        assert held.exists(), f"the pipeline ended first: {started.stdout[-2000:]}"
+        actor = f"{durable}/post-train/r1/checkpoints/actor"
+        first_log = (fab.job_dir("r1", "train") / "log").read_text(errors="replace")
+        lose(fab)
+        at_loss = committed(actor)
+        wipe(fab)
+        hold.unlink()
+        del compute.instances[INSTANCE]
+        stack.unreachable("1001")
+        stack.after_up("2002")
+        recovered = stack("train", *args, "--recover", timeout=1800)  # as the one-line error says: no --run-name
+        assert recovered.returncode == 0, recovered.stdout[-5000:] + recovered.stderr
+        yield {
+            "fab": fab,
+            "gcs_url": gcs_emulator,
+            "stack": stack,
+            "args": args,
+            "inputs": inputs,
+            "durable": durable,
+            "actor": actor,
+            "at_loss": at_loss,
+            "first_log": first_log,
+            "out": recovered.stdout,
+            "log": (fab.job_dir("r1", "train") / "log").read_text(errors="replace"),
+        }
+
+
+def test_the_loss_came_after_step_2s_checkpoint(recovery: dict):
+    assert recovery["at_loss"] == [1, LOST_AFTER]  # the bucket had step 2's checkpoint, and nothing after it
+    assert f"Train step {LOST_AFTER + 1} " not in recovery["first_log"]
+
+
+def test_the_new_vm_reused_the_converted_model_and_resumed_training_from_the_last_checkpoint(recovery: dict):
+    out, log = recovery["out"], recovery["log"]
+    assert "run r1 (the current run)" in out
+    assert "convert: done already, kept in the bucket" in out and "convert: starting" not in out
+    assert "prefetch: not needed, convert done already" in out
+    assert f"Restored params from step: {LOST_AFTER} in" in log  # tunix's own line
+    assert re.findall(r"Train step (\d+) training loss", log) == [str(n) for n in range(LOST_AFTER + 1, STEPS + 1)]
+    assert f"resumed at step {LOST_AFTER}" in out  # its Pre eval scored the restored weights, and says so
+    assert "RL Training Completed Successfully!" in log
+    assert committed(recovery["actor"]) == list(range(1, STEPS + 1))
+
+
+@pytest.fixture(scope="module")
+def weights(recovery: dict) -> dict:
+    """compare_weights.py on the input model, the actor checkpoints in the bucket and the export."""
+    fab: Fab = recovery["fab"]
+    export = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / "r1"
+    compare = subprocess.run(
+        [
+            VENV / "bin" / "python",
+            HERE / "compare_weights.py",
+            recovery["inputs"] / "hf_model",
+            recovery["actor"],
+            export,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", **gcsemulator.client_env(recovery["gcs_url"])},
+    )
+    assert compare.returncode == 0, compare.stderr[-3000:]
+    return json.loads(compare.stdout)
+
+
+def test_training_went_on_from_the_restored_state_and_the_export_is_the_final_checkpoint(weights: dict):
+    """Each step's optimizer state counts one more update than the last: step 3 carried on from step 2's
+    state, not from the converted model. And the export is step 4's weights, moved from the input model."""
+    assert {int(step): saved["count"] for step, saved in weights["steps"].items()} == {s: s for s in range(1, 5)}
+    tensors = weights["tensors"]
+    assert weights["names_match"] and len(tensors) == 291
+    assert not [name for name, t in tensors.items() if t["vs_checkpoint"] > 1.0]
+    assert max(t["vs_first_checkpoint"] for t in tensors.values()) > 1.0
+    assert max(t["moved"] for t in tensors.values()) > 5
+
+
+def test_fab_metrics_reads_the_events_from_the_bucket(recovery: dict):
+    fab: Fab = recovery["fab"]
+    result = recovery["stack"]("metrics", *recovery["args"])
+    assert result.returncode == 0, result.stderr
+    assert f"copying event files from {recovery['durable']}/post-train/r1/tensorboard" in " ".join(
+        result.stdout.split()
+    )
+    with (fab.tmp / "runs" / "r1" / "metrics.csv").open() as f:
+        steps = [int(row["step"]) for row in csv.DictReader(f)]
+    assert set(range(LOST_AFTER + 1, STEPS + 1)) <= set(steps), steps  # the new VM's attempt, from the bucket
+    assert "train started 2 times" in result.stdout  # each start wrote its own event file there
+    losses = json.loads((fab.tmp / "runs" / "r1" / "summary.json").read_text())["train_losses"]
+    assert losses["attempts"] == 2 and losses["steps_redone"] == 0  # lost right after a checkpoint: none
+    assert losses["minutes_restarting"] > 0

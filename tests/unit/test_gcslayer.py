@@ -1,0 +1,69 @@
+"""The layer in front of the Cloud Storage emulator (tests/gcslayer.py) answers as the service does where
+tensorstore's OCDBT relies on it, through the official client and plain requests."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+import pytest
+from google.api_core.exceptions import NotFound, PreconditionFailed
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+
+from tests import gcsemulator
+
+
+@pytest.fixture
+def bucket(gcs_emulator) -> storage.Bucket:
+    client = storage.Client(
+        project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_emulator}
+    )
+    return client.bucket(gcsemulator.BUCKET)
+
+
+def fresh(bucket: storage.Bucket, data: bytes = b"v1") -> storage.Blob:
+    blob = bucket.blob(f"{uuid.uuid4().hex}/x")
+    blob.upload_from_string(data)
+    blob.reload()
+    return blob
+
+
+@pytest.mark.parametrize("resumable", [False, True])
+def test_a_write_that_must_create_is_refused_over_an_existing_object(bucket, resumable):
+    blob = fresh(bucket)
+    again = bucket.blob(blob.name, chunk_size=256 * 1024 if resumable else None)
+    with pytest.raises(PreconditionFailed):
+        again.upload_from_string(b"x" * (600 * 1024), if_generation_match=0)
+    with pytest.raises(PreconditionFailed):
+        bucket.blob(blob.name).upload_from_string(b"v2", if_generation_match=int(blob.generation) + 1)
+    bucket.blob(blob.name).upload_from_string(b"v2", if_generation_match=blob.generation)  # the current one: ok
+    assert bucket.blob(blob.name).download_as_bytes() == b"v2"
+
+
+def test_a_read_carries_the_generation_and_one_that_matches_it_is_not_modified(bucket, gcs_emulator):
+    blob = fresh(bucket)
+    url = f"{gcs_emulator}/storage/v1/b/{bucket.name}/o/{urllib.parse.quote(blob.name, safe='')}?alt=media"
+    with urllib.request.urlopen(url) as answer:
+        assert answer.headers["x-goog-generation"] == str(blob.generation) and answer.read() == b"v1"
+        assert answer.headers["x-goog-stored-content-length"] == "2"
+    with pytest.raises(urllib.error.HTTPError) as unchanged:
+        urllib.request.urlopen(f"{url}&ifGenerationNotMatch={blob.generation}")
+    assert unchanged.value.code == 304
+    with pytest.raises(urllib.error.HTTPError) as gone:
+        urllib.request.urlopen(f"{url}&generation={int(blob.generation) - 1}")
+    assert gone.value.code == 404
+    with pytest.raises(NotFound):  # no object: the service's 404, whatever the conditions
+        bucket.blob(f"{blob.name}-none").download_as_bytes(if_generation_not_match=0)
+
+
+def test_a_listing_keeps_to_its_offsets(bucket, gcs_emulator):
+    folder = uuid.uuid4().hex
+    for name in ("a", "b", "c", "d"):
+        bucket.blob(f"{folder}/{name}").upload_from_string(b"x")
+    query = urllib.parse.urlencode({"prefix": f"{folder}/", "startOffset": f"{folder}/b", "endOffset": f"{folder}/d"})
+    with urllib.request.urlopen(f"{gcs_emulator}/storage/v1/b/{bucket.name}/o?{query}") as answer:
+        assert [item["name"] for item in json.loads(answer.read())["items"]] == [f"{folder}/b", f"{folder}/c"]
