@@ -17,11 +17,14 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import subprocess
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 OBJECT_PATHS = ("/storage/v1/b/", "/download/storage/v1/b/", "/upload/storage/v1/b/")
 GENERATION_HEADERS = {"generation": "x-goog-generation", "metageneration": "x-goog-metageneration"}
@@ -159,17 +162,36 @@ def _listing_within(data: bytes, start: str, end: str | None) -> bytes:
     return json.dumps(listing).encode()
 
 
-@contextmanager
-def layer(emulator_url: str) -> Iterator[str]:
-    """The layer's URL, in front of the emulator at `emulator_url`, while it runs."""
+def serve(emulator_url: str) -> None:
+    """Run the layer until killed; its URL is the first line it prints."""
     upstream = urllib.parse.urlsplit(emulator_url)
     handler = type("Layer", (_Layer,), {"upstream": (upstream.hostname, upstream.port), "locks": _Locks()})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+@contextmanager
+def layer(emulator_url: str) -> Iterator[str]:
+    """The layer's URL while it runs in front of the emulator at `emulator_url`: its own process, as the
+    emulator is, so that the checkpoints passing through it take no memory from the tests' process."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.gcslayer", emulator_url],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        url = process.stdout.readline().strip()  # its first line, once it listens (or "" if it died)
+        if not url.startswith("http://"):
+            raise RuntimeError(f"the Cloud Storage layer did not start (exit {process.wait(timeout=10)})")
+        yield url
     finally:
-        server.shutdown()
-        server.server_close()
+        process.kill()
+        process.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
