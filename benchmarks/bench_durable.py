@@ -24,30 +24,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
+
 from tests import computestub, gcsemulator, gcslayer  # noqa: E402
 from tests.loopback import Fab, loopback_host, wait_for  # noqa: E402
-from tests.maxtext_cpu.conftest import HERE, VENV, cpu_fab_at, overrides  # noqa: E402
+from tests.maxtext_cpu.conftest import HERE, HOST_ENV, VENV, cpu_fab_at, overrides  # noqa: E402
 from tests.stack import INSTANCE, Stack, lose, wipe  # noqa: E402
 
-HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 ABSL_TIME = re.compile(r"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+) .*Train step (\d+) training loss", re.M)
 CONVERT_MINUTES = re.compile(r"Overall Elapse: ([\d.]+) min")
 SAVED = re.compile(r"Finished save \(blocking \+ background\) in ([\d.]+) seconds")
 BLOCKING = re.compile(r"'checkpoint_manager_blocking_duration_secs': ([\d.]+)")
 RESTORED = re.compile(r"Restored params from step: (\d+) in ([\d.]+) seconds")
-
-
-def train(fab: Fab | Stack, *args: str) -> None:
-    result = fab("train", *args, timeout=3600)
-    if result.returncode != 0:
-        sys.exit(f"fab train {' '.join(args[-2:])} failed:\n{result.stdout[-3000:]}{result.stderr}")
 
 
 def step_seconds(log: str) -> list[float]:
@@ -87,8 +81,7 @@ def main() -> None:
             compute, server = computestub.serve()
             compute.host_keys[INSTANCE] = [tuple(host.host_key.read_text().split()[:2])]
             stack = Stack(fab, compute)
-            if stack("setup", timeout=3600).returncode != 0:
-                sys.exit("fab setup failed")
+            timed(stack, "setup")
             inputs = fab.tmp / "inputs"
             subprocess.run([VENV / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
             base = [word for o in overrides(inputs, steps) for word in ("--arg", o)]
@@ -96,18 +89,18 @@ def main() -> None:
             bucket = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}"
             os.environ["STORAGE_EMULATOR_HOST"] = url  # where fab, on this side, reads the bucket
 
-            train(stack, *base, "--arg", f"vars.durable_dir={local_dir}", "--run-name", "local")
+            timed(stack, "train", *base, "--arg", f"vars.durable_dir={local_dir}", "--run-name", "local")
             local_log = (fab.job_dir("local", "train") / "log").read_text(errors="replace")
             local_steps, local_saves = step_seconds(local_log), saves(local_log)
             local_convert = convert_seconds(fab, local_dir)
 
-            train(stack, *base, "--arg", f"vars.durable_dir={bucket}/a", "--run-name", "bucket")
+            timed(stack, "train", *base, "--arg", f"vars.durable_dir={bucket}/a", "--run-name", "bucket")
             bucket_log = (fab.job_dir("bucket", "train") / "log").read_text(errors="replace")
             bucket_steps, bucket_saves = step_seconds(bucket_log), saves(bucket_log)
             bucket_convert = convert_seconds(fab, f"{bucket}/a")
 
             lossy = [*base, "--arg", f"vars.durable_dir={bucket}/b", "--arg", "train.checkpoint_period=2"]
-            stack("train", *lossy, "--run-name", "lost", "--detach", timeout=600)
+            timed(stack, "train", *lossy, "--run-name", "lost", "--detach")
             log = fab.job_dir("lost", "train") / "log"
             wait_for(lambda: "Train step 3 " in (log.read_text(errors="replace") if log.exists() else ""), 1800)
             lost_at = max(int(n) for _, n in ABSL_TIME.findall(log.read_text(errors="replace")))
@@ -116,9 +109,7 @@ def main() -> None:
             del compute.instances[INSTANCE]
             stack.unreachable("1001")
             stack.after_up("2002")
-            started = time.perf_counter()
-            train(stack, *lossy, "--recover")
-            recovered = time.perf_counter() - started
+            recovered = timed(stack, "train", *lossy, "--recover")
             again = (fab.job_dir("lost", "train") / "log").read_text(errors="replace")
             restored_step, restore_seconds = RESTORED.findall(again)[-1]
             server.shutdown()

@@ -31,9 +31,7 @@ from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run 
 from bootstrap.remote.jobrunner import DEFERRED  # noqa: E402
 from tests import hubstub  # noqa: E402
 from tests.loopback import Fab, edit_yaml, loopback_host, write_test_jobs  # noqa: E402
-from tests.maxtext_cpu.conftest import HERE, VENV, environment, overrides  # noqa: E402
-
-HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+from tests.maxtext_cpu.conftest import HERE, HOST_ENV, VENV, environment, overrides  # noqa: E402
 
 
 def by_hand(fab: Fab, args: list[str], steps: int) -> float:

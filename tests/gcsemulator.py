@@ -34,6 +34,16 @@ def client_env(url: str) -> dict[str, str]:
     }
 
 
+def client(url: str):
+    """google-cloud-storage's client for the emulator at `url`, as the tests' own side uses it."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    return storage.Client(
+        project="tpu-rl-test", credentials=AnonymousCredentials(), client_options={"api_endpoint": url}
+    )
+
+
 @contextmanager
 def emulator(log: Path) -> Iterator[str]:
     """The emulator's URL while it runs, with the bucket BUCKET made."""

@@ -11,14 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
 import sys
 from pathlib import Path
 
-from bootstrap.remote import gcs
 from bootstrap.vm import compute as compute_api
 from tests import computestub
 from tests.loopback import REPO, Fab, Runs, write_hub_cache
@@ -127,9 +125,3 @@ def wipe(fab: Fab) -> None:
     for folder in ("state", "shm", "venv", "hf_home"):
         shutil.rmtree(fab.tmp / folder, ignore_errors=True)
     write_hub_cache(fab.tmp / "hf_home")  # what the Hub serves a new VM's prefetch (offline here)
-
-
-def committed(actor: str) -> list[int]:
-    """The training steps whose checkpoint is committed under `actor` in the bucket."""
-    names = gcs.names(f"{actor}/")
-    return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r".*/([0-9]+)/commit_success\.txt", n)))

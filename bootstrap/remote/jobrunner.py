@@ -155,18 +155,22 @@ def alive(record: dict | None) -> bool:
     return bool(record) and record.get("start") is not None and _start_time(record["pid"]) == record["start"]
 
 
-def latest_step(directory: str) -> str:
-    """The highest finished step under a checkpoint directory: on a disk Orbax renames a step's temporary
+def finished_steps(directory: str) -> list[int]:
+    """The finished steps under a checkpoint directory, in order: on a disk Orbax renames a step's temporary
     folder when it is complete; in Cloud Storage it writes commit_success.txt into the step's folder last."""
     if gcs.is_gcs(directory):
         prefix = f"{directory.rstrip('/')}/"
         committed = (re.fullmatch(r"([0-9]+)/commit_success\.txt", n.removeprefix(prefix)) for n in gcs.names(prefix))
-        steps = [int(m.group(1)) for m in committed if m]
-    else:
-        steps = [int(n) for n in os.listdir(directory) if n.isdigit()] if os.path.isdir(directory) else []
+        return sorted(int(m.group(1)) for m in committed if m)
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
+
+
+def latest_step(directory: str) -> str:
+    """The highest finished step under a checkpoint directory."""
+    steps = finished_steps(directory)
     if not steps:
         raise LookupError(f"no checkpoint step under {directory}")
-    return str(max(steps))
+    return str(steps[-1])
 
 
 def resolve_runtime(text: str) -> str:

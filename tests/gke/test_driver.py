@@ -18,11 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 from google.api_core.exceptions import Conflict
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage
 
 from bootstrap.gke.jobsets import name_of as js
-from tests import hubstub, kubestub, tbevents
+from tests import gcsemulator, hubstub, kubestub, tbevents
 from tests.kubestub import Run
 from tests.loopback import REPO
 
@@ -47,9 +45,7 @@ def log(name: str) -> list[str]:
 @pytest.fixture
 def cluster(gcs_emulator):
     kube, server = kubestub.serve()
-    kube.storage = storage.Client(
-        project="my-project", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_emulator}
-    )
+    kube.storage = gcsemulator.client(gcs_emulator)
     with contextlib.suppress(Conflict):
         kube.storage.create_bucket(OUTPUTS["bucket"])
     hub, hub_server = hubstub.serve()

@@ -5,7 +5,8 @@ and the Hugging Face export, read independently of MaxText's converters.
 
 Prints one JSON object:
 - "steps": for each saved actor step, the optimizer's update count and the learning rate it used
-  for that update (optax's inject_hyperparams keeps it in the optimizer state);
+  for that update (optax's inject_hyperparams keeps it in the optimizer state), and the export's
+  largest difference from that step's weights ("export_vs", in the units below);
 - "tensors": for every tensor of the export, its largest change from the input model and its
   largest difference from the last and from the first actor checkpoint, in units of bf16 tolerance
   (1.0: at the edge of what bf16 rounding explains); "dtypes": the export's.
@@ -101,12 +102,14 @@ def main(source: Path, actor: epath.Path, export: Path) -> None:
     after, dtypes = safetensors(export)
     head_dim = json.loads((source / "config.json").read_text())["head_dim"]
     saved = sorted(int(p.name) for p in actor.iterdir() if p.name.isdigit())
-    steps = {}
+    steps, params = {}, {}
     for step in saved:
         state = flat(restore(actor / str(step) / "optimizer_state"))
         lr = state["opt_state/hyperparams/learning_rate/value"]
-        steps[step] = {"count": int(state["opt_state/count/value"]), "lr": float(lr)}
-    trained, first = (hf_names(flat(restore(actor / str(s) / "model_params")), head_dim) for s in (saved[-1], saved[0]))
+        params[step] = hf_names(flat(restore(actor / str(step) / "model_params")), head_dim)
+        export_vs = max(in_tolerances(after[name], params[step][name]) for name in after if name in params[step])
+        steps[step] = {"count": int(state["opt_state/count/value"]), "lr": float(lr), "export_vs": export_vs}
+    trained, first = params[saved[-1]], params[saved[0]]
     report = {
         "steps": steps,
         "dtypes": sorted(dtypes),

@@ -16,6 +16,7 @@ from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
 HERE = Path(__file__).resolve().parent
 # Cached between runs like the validator's venv: the setup job keeps a venv already built for its spec.
 VENV = Path(os.environ.get("TPU_RL_CPU_VENV") or Path.home() / ".cache" / "tpu-rl" / "maxtext-0.2.3-cpu")
+HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # no TPU, no Hub
 TINY = [
     "override_model_config=True",
     "base_emb_dim=64",
@@ -86,8 +87,7 @@ def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
 def cpu_host(tmp_path_factory, gcs_emulator):
     """The loopback "VM": no TPU (JAX on CPU), no Hub (the Hugging Face cache is read offline), and the
     Cloud Storage emulator as its bucket."""
-    env = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with loopback_host(tmp_path_factory.mktemp("sshd"), env | gcsemulator.client_env(gcs_emulator)) as host:
+    with loopback_host(tmp_path_factory.mktemp("sshd"), HOST_ENV | gcsemulator.client_env(gcs_emulator)) as host:
         yield host
 
 

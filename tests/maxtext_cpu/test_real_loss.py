@@ -23,7 +23,7 @@ from bootstrap.remote.driver import PipelineState
 from tests import gcsemulator
 from tests.loopback import Fab, wait_for
 from tests.maxtext_cpu.conftest import HERE, VENV, cpu_fab_at, overrides
-from tests.stack import INSTANCE, Stack, committed, lose, wipe
+from tests.stack import INSTANCE, Stack, lose, wipe
 
 STEPS, LOST_AFTER = 4, 2
 
@@ -63,7 +63,7 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory) -> dict:
         actor = f"{durable}/post-train/r1/checkpoints/actor"
         first_log = (fab.job_dir("r1", "train") / "log").read_text(errors="replace")
         lose(fab)
-        at_loss = committed(actor)
+        at_loss = jobrunner.finished_steps(actor)
         wipe(fab)
         hold.unlink()
         del compute.instances[INSTANCE]
@@ -100,7 +100,7 @@ def test_the_new_vm_reused_the_converted_model_and_resumed_training_from_the_las
     assert re.findall(r"Train step (\d+) training loss", log) == [str(n) for n in range(LOST_AFTER + 1, STEPS + 1)]
     assert f"resumed at step {LOST_AFTER}" in out  # its Pre eval scored the restored weights, and says so
     assert "RL Training Completed Successfully!" in log
-    assert committed(recovery["actor"]) == list(range(1, STEPS + 1))
+    assert jobrunner.finished_steps(recovery["actor"]) == list(range(1, STEPS + 1))
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +126,11 @@ def weights(recovery: dict) -> dict:
 
 def test_training_went_on_from_the_restored_state_and_the_export_is_the_final_checkpoint(weights: dict):
     """Each step's optimizer state counts one more update than the last: step 3 carried on from step 2's
-    state, not from the converted model. And the export is step 4's weights, moved from the input model."""
+    state, not from the converted model. The export is step 4's weights, not the restored step 2's (the
+    steps trained on the new VM moved them), and moved from the input model."""
     assert {int(step): saved["count"] for step, saved in weights["steps"].items()} == {s: s for s in range(1, 5)}
+    restored, final = weights["steps"][str(LOST_AFTER)], weights["steps"][str(STEPS)]
+    assert final["export_vs"] <= 1.0 < restored["export_vs"]  # the steps after the restore moved the weights
     tensors = weights["tensors"]
     assert weights["names_match"] and len(tensors) == 291
     assert not [name for name, t in tensors.items() if t["vs_checkpoint"] > 1.0]

@@ -16,10 +16,10 @@ import uuid
 
 import pytest
 
-from bootstrap.remote import gcs
+from bootstrap.remote import gcs, jobrunner
 from tests import gcsemulator
 from tests.loopback import wait_for
-from tests.stack import INSTANCE, Stack, closed_port, committed, lose, wipe
+from tests.stack import INSTANCE, Stack, closed_port, lose, wipe
 
 SMALL = ("--arg", "vars.num_batches=2")
 
@@ -141,9 +141,11 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
 
     started = stack("train", "--run-name", "r1", *args, *slow, "--detach", timeout=600)
     assert started.returncode == 0, started.stderr
-    wait_for(lambda: 2 in committed(actor), timeout=300, what="train's checkpoint of step 2 in the bucket")
+    wait_for(
+        lambda: 2 in jobrunner.finished_steps(actor), timeout=300, what="train's checkpoint of step 2 in the bucket"
+    )
     lose(fab)
-    kept = committed(actor)[-1]  # what the bucket holds at the loss: 2, perhaps 3
+    kept = jobrunner.finished_steps(actor)[-1]  # what the bucket holds at the loss: 2, perhaps 3
     assert 2 <= kept < 6
     wipe(fab)
     del compute.instances[INSTANCE]

@@ -11,7 +11,6 @@ import uuid
 
 import pytest
 from google.api_core.exceptions import NotFound, PreconditionFailed
-from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from tests import gcsemulator
@@ -19,10 +18,7 @@ from tests import gcsemulator
 
 @pytest.fixture
 def bucket(gcs_emulator) -> storage.Bucket:
-    client = storage.Client(
-        project="p", credentials=AnonymousCredentials(), client_options={"api_endpoint": gcs_emulator}
-    )
-    return client.bucket(gcsemulator.BUCKET)
+    return gcsemulator.client(gcs_emulator).bucket(gcsemulator.BUCKET)
 
 
 def fresh(bucket: storage.Bucket, data: bytes = b"v1") -> storage.Blob:
