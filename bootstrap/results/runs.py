@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,7 +69,14 @@ class RunRecord:
             "evals": self.evals,
             "results": self.results,
         }
-        tmp = self.folder / "record.json.tmp"
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self.folder / "record.json")
-        (runs_dir() / CURRENT).write_text(self.name + "\n")
+        _replace(self.folder / "record.json", json.dumps(data, indent=1))
+        _replace(runs_dir() / CURRENT, self.name + "\n")
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write whole or not at all, under a temporary name of this writer's own: two fabs watching one
+    pipeline save the same record at the same moment."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
