@@ -5,19 +5,27 @@ script: a list of pod runs, each a list of log lines and how it ends: `complete`
 JobSet completes and its declared outputs appear in the bucket, the Cloud Storage emulator
 of tests/gcsemulator.py: a file output as that file, an export's SHA256SUMS listing the
 files beside it, a folder output as one file in it), `fail` (the JobSet fails), `restart`
-(the pod ends, a new pod starts) or `drop` (the log stream breaks off mid-way, as a lost
-watch does).
+(the pod ends, a new pod starts), `drop` (the log stream breaks off mid-way, as a lost
+watch does) or `exec`: the pod's container command really runs here, with the ConfigMap's
+tools and the Secret's values where the pod spec mounts and names them, and the bucket as
+a folder (copied in before, and what the command wrote copied back after, as Cloud Storage
+FUSE would); its output is the log and its exit code decides the JobSet's end.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+from bootstrap.gke.jobsets import BUCKET_MOUNT, TOOLS_DIR
 from bootstrap.remote import manifest
 from tests import stubserver
 
@@ -29,7 +37,7 @@ STAMP = "2026-11-30T12:00:00Z"
 @dataclass
 class Run:
     lines: list[str]
-    end: str  # complete | fail | restart | drop
+    end: str  # complete | fail | restart | drop | exec
 
 
 @dataclass
@@ -47,11 +55,44 @@ class Kube:
 
     def finish(self, name: str, end: str) -> None:
         jobset = self.jobsets[name]
-        kind = "Completed" if end == "complete" else "Failed"
+        kind = "Completed" if end in ("complete", "exec") else "Failed"
         jobset["status"] = {"conditions": [{"type": kind, "status": "True", "lastTransitionTime": STAMP,
                                             "message": "a pod failed" if kind == "Failed" else ""}]}  # fmt: skip
         if end == "complete":
             self.write_outputs(jobset["metadata"]["annotations"]["tpu-rl/outputs"].split())
+
+    def execute(self, name: str) -> tuple[bytes, bool]:
+        """Run the JobSet's one container here: its output, and whether it exited 0."""
+        pod = self.jobsets[name]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        (bucket_name,) = [v["csi"]["volumeAttributes"]["bucketName"] for v in pod["volumes"] if "csi" in v]
+        bucket = self.storage.bucket(bucket_name)
+        with tempfile.TemporaryDirectory() as root:
+            tools, mount = os.path.join(root, "tools"), os.path.join(root, "gcs")
+            os.makedirs(tools)
+            for tool, text in self.config_maps["tpu-rl-tools"]["data"].items():
+                with open(os.path.join(tools, tool), "w") as f:
+                    f.write(text)
+            before = {blob.name: blob.md5_hash for blob in self.storage.list_blobs(bucket_name)}
+            for blob_name in before:
+                os.makedirs(os.path.dirname(os.path.join(mount, blob_name)), exist_ok=True)
+                bucket.blob(blob_name).download_to_filename(os.path.join(mount, blob_name))
+            env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+            for item in container["env"]:
+                ref = item.get("valueFrom", {}).get("secretKeyRef")
+                value = self.secrets[ref["name"]]["stringData"][ref["key"]] if ref else item["value"]
+                env[item["name"]] = value.replace("$$(", "$(")  # as the kubelet expands a value
+            command = [
+                arg.replace(TOOLS_DIR, tools).replace(BUCKET_MOUNT + "/", mount + "/") for arg in container["command"]
+            ]
+            done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+            for folder, _, files in os.walk(mount):
+                for file in files:
+                    path = os.path.join(folder, file)
+                    blob_name = os.path.relpath(path, mount)
+                    if blob_name not in before:
+                        bucket.blob(blob_name).upload_from_filename(path)
+        return done.stdout, done.returncode == 0
 
     def write_outputs(self, patterns: list[str]) -> None:
         """What a completed job leaves in the bucket for its declared outputs (globs: `*` as 4)."""
@@ -129,6 +170,10 @@ def _handler(kube: Kube):
             if query.get("follow") != ["true"]:
                 return self.send(200, text)
             runs.pop(0)
+            if run.end == "exec":
+                output, ok = kube.execute(name)
+                self.send(200, output)
+                return kube.finish(name, "exec" if ok else "fail")
             if run.end == "drop":  # announce more than is sent, then close: the client sees a broken stream
                 self.send(200, text, length=len(text) + 1000)
                 self.close_connection = True

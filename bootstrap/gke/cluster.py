@@ -68,7 +68,7 @@ class Cluster:
         return runs.current_run()
 
     def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
-        """The token as the Secret the JobSets reference; tpu-rl's export tools as a ConfigMap."""
+        """The token as the Secret the JobSets reference; tpu-rl's tools (jobsets.TOOLS) as a ConfigMap."""
         self._put(self.core.create_namespaced_secret, self.core.replace_namespaced_secret, SECRET,
                   client.V1Secret(metadata=client.V1ObjectMeta(name=SECRET), string_data=secrets))  # fmt: skip
         tools = {name: (REPO / "bootstrap" / "remote" / name).read_text() for name in TOOLS}

@@ -23,8 +23,8 @@ from ..jobs.load import RenderedJob
 
 SECRET = "tpu-rl-hf-token"
 TOOLS_CONFIG_MAP = "tpu-rl-tools"
-# train's launcher and export's follow-up steps, mounted from TOOLS_CONFIG_MAP
-TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py")
+# train's launcher, export's follow-up steps and the Hub upload, mounted from TOOLS_CONFIG_MAP
+TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py")
 TOOLS_DIR = "/tpu-rl/tools"
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
 OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
@@ -79,8 +79,11 @@ def overrides(target: Slice) -> list[str]:
 
 def _env(job: RenderedJob, extra: list[dict]) -> list[dict]:
     env = [{"name": k, "value": v} for k, v in job.env.items() if not VM_ONLY_ENV.fullmatch(k)]
-    env += [{"name": s, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": s}}} for s in job.secrets]
-    return env + extra
+    return env + _secret_env(job.secrets) + extra
+
+
+def _secret_env(names: list[str]) -> list[dict]:
+    return [{"name": s, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": s}}} for s in names]
 
 
 def _field(name: str, path: str) -> dict:
@@ -140,23 +143,31 @@ def _main_container(job: RenderedJob, target: Slice, extra_env: list[dict]) -> d
     }
 
 
-def _metadata(job: RenderedJob, target: Slice, run_name: str, labels: dict) -> dict:
-    name = name_of(job.name, run_name)
-    outputs = " ".join(in_bucket(path, target.bucket) for path in job.outputs)
+def _metadata(name: str, outputs: list[str], target: Slice, run_name: str, labels: dict, identity: str = "") -> dict:
+    """A JobSet named for its job and run (and `identity`, what else makes it another job)."""
     return {
-        "name": name,
+        "name": name_of(name + identity, run_name),
         "namespace": NAMESPACE,
-        "labels": {**labels, "tpu-rl/job": job.name[:LABEL_MAX]},
-        "annotations": {OUTPUTS_ANNOTATION: outputs, RUN_ANNOTATION: run_name},
+        "labels": {**labels, "tpu-rl/job": name[:LABEL_MAX]},
+        "annotations": {
+            OUTPUTS_ANNOTATION: " ".join(in_bucket(path, target.bucket) for path in outputs),
+            RUN_ANNOTATION: run_name,
+        },
     }
 
 
 def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     """convert and export: one pod on the CPU pool (they need memory, not TPUs)."""
+    container = {**_main_container(job, target, []), "resources": _cpu_resources(job)}
+    return _one_pod_jobset(_metadata(job.name, job.outputs, target, run_name, {}), container, target)
+
+
+def _one_pod_jobset(metadata: dict, container: dict, target: Slice) -> dict:
+    """One pod on the CPU pool, the bucket and tpu-rl's tools mounted, never restarted (the pipeline retries)."""
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
-        "metadata": _metadata(job, target, run_name, {}),
+        "metadata": metadata,
         "spec": {
             "failurePolicy": {"maxRestarts": 0},
             "replicatedJobs": [
@@ -173,13 +184,7 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
                                 "spec": {
                                     "serviceAccountName": SERVICE_ACCOUNT,
                                     "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                                    "containers": [
-                                        {
-                                            **_main_container(job, target, []),
-                                            "resources": _cpu_resources(job),
-                                            "volumeMounts": CPU_MOUNTS,
-                                        }
-                                    ],
+                                    "containers": [{**container, "volumeMounts": CPU_MOUNTS}],
                                     "restartPolicy": "Never",
                                     "volumes": _cpu_volumes(target),
                                 },
@@ -190,6 +195,31 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
             ],
         },
     }
+
+
+HUB_UPLOAD_RESOURCES = {"cpu": "4", "memory": "8Gi"}  # hub_upload.py streams files; it holds none whole
+CARD_DIR = "/tmp/tpu-rl-card"  # the pod's own: hub_upload.py writes the filled-in card beside the template
+
+
+def hub_jobset(name: str, arguments: list[str], env: dict[str, str], card: str, marker: str, target: Slice,
+               run_name: str) -> dict:  # fmt: skip
+    """The Hub upload after export, in the cluster (so it runs without this machine). `arguments` are
+    hub_upload.py's FOLDER REPO_ID [flags]: it reads the export through the bucket's mount, gets the card template in its environment and the token from SECRET.
+    The JobSet is named for the repository too: another hub_repo is another upload."""
+    card_file = f"{CARD_DIR}/card.md"
+    upload = ["python3", f"{TOOLS_DIR}/hub_upload.py", *arguments, "--card", card_file, "--marker", marker]
+    script = f'mkdir -p {CARD_DIR} && printf %s "$TPU_RL_CARD" > {card_file} && {shlex.join(upload)}'
+    env = {**env, "TPU_RL_CARD": card.replace("$(", "$$(")}  # Kubernetes expands $(NAME) in values; $$ keeps it
+    container = {
+        "name": "main",
+        "image": target.image,
+        "imagePullPolicy": "Always",
+        "command": ["sh", "-c", script],
+        "env": [{"name": k, "value": v} for k, v in env.items()] + _secret_env(["HF_TOKEN"]),
+        "resources": {"requests": HUB_UPLOAD_RESOURCES, "limits": dict(HUB_UPLOAD_RESOURCES)},
+    }
+    metadata = _metadata(name, [marker], target, run_name, {}, identity=arguments[1])
+    return _one_pod_jobset(metadata, container, target)
 
 
 # Requests equal to limits (Guaranteed: not the first pod evicted under memory pressure), sized for the
@@ -370,7 +400,11 @@ def pathways_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
         "metadata": _metadata(
-            job, target, run_name, {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name}
+            job.name,
+            job.outputs,
+            target,
+            run_name,
+            {"kueue.x-k8s.io/queue-name": QUEUE, "xpk.google.com/workload": name},
         ),
         "spec": {
             "coordinator": {"replicatedJob": "pathways-head"},

@@ -11,7 +11,8 @@ SHA256SUMS), the git blob id for small ones. So a re-run carries on an interrupt
 16 GB upload without sending finished files again, and still replaces a file of the
 same size with other contents. The marker is written only after every file verifies.
 The card's eval table is filled here from the train job's log (evals.py), so the card
-says what this export scored even when no laptop watched the run.
+says what this export scored even when no laptop watched the run; without that log (on
+gke, where train's log stays with its pod) the table says that no results were recorded.
 """
 
 from __future__ import annotations
@@ -80,9 +81,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--evals-from", help="the train job's log, for the card's eval table")
     parser.add_argument("--steps", type=int, help="the run's steps (an eval at the last one is the Post eval)")
     args = parser.parse_args(argv)
-    if args.evals_from:
-        card = write_card(args.card, evals.from_log(args.evals_from, args.steps))
-        args.card = card
+    args.card = write_card(args.card, evals.from_log(args.evals_from, args.steps) if args.evals_from else [])
 
     api = HfApi()
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)
@@ -117,6 +116,7 @@ def main(argv: list[str]) -> int:
         print(f"[tpu-rl] verification failed: the Hub's hashes differ for {', '.join(wrong)}", flush=True)
         return 1
     total = sum(sizes.values())
+    os.makedirs(os.path.dirname(args.marker) or ".", exist_ok=True)  # on gke a folder in the bucket, new
     with open(args.marker, "w") as f:
         json.dump({"repo": args.repo_id, "url": str(url), "files": len(wanted), "bytes": total}, f)
     print(f"[tpu-rl] verified {len(wanted)} files ({total / 2**30:.2f} GiB, SHA-256) at {url}", flush=True)

@@ -3,13 +3,18 @@
 Each durable copy is one more job of the VM's pipeline, after export (so it runs without
 the laptop too), marked done only after it was verified, and done only for the export it
 copied: its input is the export's SHA256SUMS, so a model exported again is copied again.
+On gke the export is in the bucket already; the Hub upload is one more JobSet there.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
+from types import MappingProxyType
 
 from ..errors import UserError
+from ..gke import jobsets
+from ..gke import session as gke_session
 from ..gke.session import export_url
 from ..jobs.plan import DURABLE_DIR, Plan, PlannedJob, runner_spec
 from ..jobs.spec import PipelineSpec
@@ -61,29 +66,58 @@ def _train_steps(plan: Plan) -> int | None:
     return int(progress["total_steps"]) if progress else None
 
 
-def hub_job(plan: Plan, folder: str) -> PlannedJob:
+def _hub_env() -> dict[str, str]:
+    endpoint = os.environ.get("HF_ENDPOINT")
+    return {"HF_HUB_DISABLE_TELEMETRY": "1", **({"HF_ENDPOINT": endpoint} if endpoint else {})}
+
+
+def _hub_target(plan: Plan) -> str:
+    return f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}/{plan.spec.results.hub_repo}"
+
+
+def _hub_arguments(plan: Plan, folder: str) -> list[str]:
+    """hub_upload.py's FOLDER REPO_ID [--private], as both backends give them."""
     results = plan.spec.results
-    job_dir = plan.layout.run_job(plan.run_name, f"publish-hub-{results.hub_repo.replace('/', '--')}")
+    return [folder, results.hub_repo] + (["--private"] if results.hub_private else [])
+
+
+def hub_job(plan: Plan, folder: str) -> PlannedJob:
+    """The Hub upload as a job of the VM's pipeline; the card's eval rows come from train's log there."""
+    repo = plan.spec.results.hub_repo
+    job_dir = plan.layout.run_job(plan.run_name, f"publish-hub-{repo.replace('/', '--')}")
     marker = f"{job_dir}/published.json"
-    argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), folder, results.hub_repo]
-    argv += ["--card", f"{job_dir}/card.md", "--marker", marker] + (["--private"] if results.hub_private else [])
-    argv += ["--evals-from", f"{plan.job('train').job_dir}/{LOG}"]
+    argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), *_hub_arguments(plan, folder)]
+    argv += ["--card", f"{job_dir}/card.md", "--marker", marker, "--evals-from", f"{plan.job('train').job_dir}/{LOG}"]
     if (steps := _train_steps(plan)) is not None:
         argv += ["--steps", str(steps)]
-    endpoint = os.environ.get("HF_ENDPOINT")
-    env = {"HF_HUB_DISABLE_TELEMETRY": "1", **({"HF_ENDPOINT": endpoint} if endpoint else {})}
     spec = runner_spec(
         plan.layout,
         "hub_upload",
         argv,
         [marker],
-        env=env,
+        env=_hub_env(),
         secrets=["HF_TOKEN"],
         inputs=[f"{folder}/{manifest.NAME}"],
         files={"card.md": model_card(plan)},
     )
-    target = f"{endpoint or 'https://huggingface.co'}/{results.hub_repo}"
-    return PlannedJob(f"{DURABLE_PREFIX}hub", job_dir, spec, needs=("export",), target=target)
+    return PlannedJob(f"{DURABLE_PREFIX}hub", job_dir, spec, needs=("export",), target=_hub_target(plan))
+
+
+def gke_hub_job(plan: Plan, outputs: dict) -> PlannedJob:
+    """The Hub upload as a JobSet after export's, its marker in the bucket beside the run's other records.
+    train's log is not kept in the bucket, so the card says that no eval results were recorded."""
+    folder = plan.export_folder()  # under the bucket's mount: <mount>/<model>/hf-trained/<run>
+    repo = plan.spec.results.hub_repo
+    model_root = posixpath.dirname(posixpath.dirname(folder))
+    marker = f"{model_root}/published/{plan.run_name}/hub-{repo.replace('/', '--')}.json"
+    target = gke_session.target_of(outputs, plan.spec)
+    name = f"{DURABLE_PREFIX}hub"
+    jobset = jobsets.hub_jobset(
+        name, _hub_arguments(plan, folder), _hub_env(), model_card(plan), marker, target, plan.run_name
+    )
+    return PlannedJob(
+        name, jobset["metadata"]["name"], MappingProxyType(jobset), needs=("export",), target=_hub_target(plan)
+    )
 
 
 STACK_BUCKET = "gs://<stack-bucket>"  # what `fab plan` shows offline for results.gcs: stack
@@ -126,10 +160,14 @@ def gcs_job(plan: Plan, folder: str, url: str) -> PlannedJob:
 
 
 def durable_jobs(plan: Plan, outputs: dict | None) -> list[PlannedJob]:
-    """The copies of the export that results.* asks for, as jobs of the VM's pipeline (none on gke: the
+    """The copies of the export that results.* asks for, as jobs of the pipeline (on gke only the Hub's: the
     export lands in the bucket there)."""
     if export_url(plan):
-        return []
+        return (
+            [gke_hub_job(plan, outputs if outputs is not None else connect.stack_outputs())]
+            if plan.spec.results.hub_repo
+            else []
+        )
     results, folder = plan.spec.results, plan.export_folder()
     jobs = [hub_job(plan, folder)] if results.hub_repo else []
     return jobs + ([gcs_job(plan, folder, gcs_url(plan, outputs))] if results.gcs else [])
@@ -138,13 +176,9 @@ def durable_jobs(plan: Plan, outputs: dict | None) -> list[PlannedJob]:
 def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
     """Where the model is kept (a GCS copy's folder, named by the export, from its marker), or plainly
     that it lives only in the VM's memory."""
-    results = plan.spec.results
     kept = export_url(plan)
     if kept:  # the gke backend exports into the stack's bucket, SHA256SUMS beside it
         say(f"model kept at {kept} (verified: SHA256SUMS beside it)")
-        if results.hub_repo:
-            say("results.hub_repo: the Hub upload runs on the vm backend only, not yet on gke")
-        return
     for job in durable:
         where = (
             read_marker(job.runner_spec["outputs"][0]).get("url", job.target)
@@ -152,7 +186,7 @@ def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
             else job.target
         )
         say(f"model kept at {where} (verified)")
-    if not durable:
+    if not durable and not kept:
         say(
             f"[bold yellow]The trained model lives only in the VM's memory[/] ({plan.export_folder()}) and is lost "
             "when the VM restarts or is deleted.\nKeep it: set results.hub_repo (Hugging Face Hub) or results.gcs "

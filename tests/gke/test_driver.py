@@ -95,7 +95,7 @@ def fab(cluster, tmp_path, gcs_emulator):
         command = [fab, "-r", str(REPO), *args]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
-    run.kube, run.token = kube, token
+    run.kube, run.hub, run.token = kube, hub, token
     return run
 
 
@@ -129,7 +129,13 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     secret = fab.kube.secrets["tpu-rl-hf-token"]
     assert secret["stringData"] == {"HF_TOKEN": fab.token}
     assert fab.token not in json.dumps(fab.kube.jobsets)  # only the Secret holds it
-    assert set(fab.kube.config_maps["tpu-rl-tools"]["data"]) == {"maxtext_run.py", "export_config.py", "manifest.py"}
+    assert set(fab.kube.config_maps["tpu-rl-tools"]["data"]) == {
+        "maxtext_run.py",
+        "export_config.py",
+        "manifest.py",
+        "hub_upload.py",
+        "evals.py",
+    }
 
     again = fab("train", "--run-name", "r1")
     assert again.returncode == 0, again.stderr
@@ -216,3 +222,35 @@ def test_a_missing_kubeconfig_context_is_one_line(fab, tmp_path):
     assert "no kubeconfig context gke_my-project_us-east5-b_tpu-rl: run gcloud container clusters get-credentials" in (
         result.stderr
     )
+
+
+def test_the_hub_upload_runs_in_the_cluster_after_export_and_sends_the_exported_model(fab, tmp_path):
+    """The publish-hub JobSet really runs hub_upload.py (the stub runs its container's command on the bucket),
+    so what reaches the Hub is what export left in the bucket, verified by its SHA256SUMS."""
+    repo = "tester/grpo-gke"
+    pipeline = tmp_path / "jobs" / "pipeline.yaml"
+    spec = yaml.safe_load(pipeline.read_text())
+    spec["results"]["hub_repo"] = repo
+    pipeline.write_text(yaml.safe_dump(spec, sort_keys=False))
+    script(fab.kube)
+    fab.kube.scripts["publish-hub"] = [Run([], "exec")]
+    result = fab("train", "--run-name", "r5")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert fab.kube.created[-1] == js(f"publish-hub{repo}", "r5")  # after export, and only once
+    assert f"HF_TOKEN: can write {repo}" in result.stdout and "[publish-hub] [tpu-rl] uploaded" in result.stdout
+    assert f"model kept at {fab.hub.url}/{repo} (verified)" in result.stdout
+    bucket = fab.kube.storage.bucket("my-results")
+    export = "llama3.1-8b-Instruct/hf-trained/r5/"
+    exported = {b.name.removeprefix(export): b.download_as_bytes() for b in bucket.list_blobs(prefix=export)}
+    files = dict(fab.hub.repos[repo])
+    card = files.pop("README.md").decode()
+    assert files == exported and len(files) == 4
+    assert fab.hub.private[repo] is True
+    assert "GRPO for " in card and "| (no eval results recorded) |" in card
+    assert fab.token not in json.dumps(fab.kube.jobsets)  # the pod read it from the Secret
+    marker = json.loads(bucket.blob("llama3.1-8b-Instruct/published/r5/hub-tester--grpo-gke.json").download_as_text())
+    assert marker["files"] == 5 and marker["repo"] == repo
+
+    again = fab("train", "--run-name", "r5")
+    assert again.returncode == 0 and "publish-hub: done already" in again.stdout, again.stdout + again.stderr
+    assert fab.kube.created.count(js(f"publish-hub{repo}", "r5")) == 1

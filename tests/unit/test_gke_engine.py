@@ -4,14 +4,16 @@ distinct JobSets for distinct runs, and Kueue's flavor assignment and quota for 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from bootstrap.gke import jobsets
+from bootstrap.gke import session as gke_session
 from bootstrap.jobs import load
-from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
+from bootstrap.results import publish
 from infra import gke, settings
 from tests import crdschema
 
@@ -21,10 +23,18 @@ LONGEST_RUN = "A1._-" * 12 + "Zz9_"  # 64 characters, every kind the run-name ru
 TOPOLOGIES = ("2x4", "4x4", "16x16")
 
 
-def manifests(run_name: str, topology: str = "4x4") -> dict[str, dict]:
+HUB_REPO = "a-user-name-of-many-chars/" + "m" * 70
+
+
+def manifests(run_name: str, topology: str = "4x4", hub_repo: str = HUB_REPO) -> dict[str, dict]:
+    """Every JobSet a run creates: the MaxText jobs' and the Hub upload's."""
     target = jobsets.Slice(bucket="my-results", topology=topology, image=IMAGE)
-    rendered = build(load.read(REPO / "jobs"), jobsets.overrides(target), run_name).rendered
-    return jobsets.manifests(rendered, target, run_name)
+    plan = gke_session.plan(load.read(REPO / "jobs"), jobsets.overrides(target), run_name, target)
+    results = plan.spec.results.model_copy(update={"hub_repo": hub_repo, "hub_private": True})
+    gke = plan.spec.gke.model_copy(update={"image": IMAGE})
+    plan = dataclasses.replace(plan, spec=plan.spec.model_copy(update={"results": results, "gke": gke}))
+    hub = publish.gke_hub_job(plan, {"bucket": "my-results", "topology": topology})
+    return {job.name: dict(job.runner_spec) for job in (*plan.jobs, hub)}
 
 
 def queue(topology: str = "4x4") -> dict[str, dict]:
@@ -93,6 +103,8 @@ def test_distinct_runs_never_share_a_jobset():
         names = [jobsets.name_of(job, run) for run in runs]
         assert len(set(names)) == len(runs), names
     assert jobsets.name_of("train", "r1") == jobsets.name_of("train", "r1")  # stable: a second fab attaches
+    hubs = {manifests("r1", hub_repo=repo)["publish-hub"]["metadata"]["name"] for repo in ("u/a", "u/b", "v/a")}
+    assert len(hubs) == 3  # another hub_repo is another upload, never "done already" for the first one's
 
 
 def quantity(text) -> float:
