@@ -32,6 +32,13 @@ from tests import stubserver
 JOBSETS = re.compile(r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$")
 CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/]+))?(/log)?$")
 STAMP = "2026-11-30T12:00:00Z"
+REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    """What the kubelet makes of a command word or an env value (Kubernetes' third_party/forked/golang/expansion):
+    `$$` is `$`, `$(NAME)` the value of a variable defined before it (left as written if none is)."""
+    return REFERENCE.sub(lambda m: "$" if m[0] == "$$" else values.get(m[1], m[0]), text)
 
 
 @dataclass
@@ -77,14 +84,14 @@ class Kube:
             for blob_name in before:
                 os.makedirs(os.path.dirname(os.path.join(mount, blob_name)), exist_ok=True)
                 bucket.blob(blob_name).download_to_filename(os.path.join(mount, blob_name))
-            env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+            env: dict[str, str] = {}
             for item in container["env"]:
                 ref = item.get("valueFrom", {}).get("secretKeyRef")
-                value = self.secrets[ref["name"]]["stringData"][ref["key"]] if ref else item["value"]
-                env[item["name"]] = value.replace("$$(", "$(")  # as the kubelet expands a value
-            command = [
-                arg.replace(TOOLS_DIR, tools).replace(BUCKET_MOUNT + "/", mount + "/") for arg in container["command"]
-            ]
+                secret = self.secrets[ref["name"]]["stringData"][ref["key"]] if ref else None
+                env[item["name"]] = secret if ref else expand(item["value"], env)
+            words = [expand(word, env) for word in container["command"]]
+            command = [word.replace(TOOLS_DIR, tools).replace(BUCKET_MOUNT + "/", mount + "/") for word in words]
+            env["PATH"] = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
             done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
             for folder, _, files in os.walk(mount):
                 for file in files:

@@ -4,8 +4,9 @@
 tail), through the Kubernetes API with the official client, so that the VM driver's own
 graph (driver.Graph) skips, re-attaches and retries. A job's key is its JobSet's
 name. A job is done only when its JobSet completed and every declared output exists in
-Cloud Storage; the finished JobSet of a failed attempt is deleted before the retry is
-created. Logs come from the job's head pod, streamed in chunks (bounded memory); a
+Cloud Storage, and, for a job that names inputs (the Hub upload: the export's SHA256SUMS),
+only while they are what they were when it was created; the finished JobSet of a failed
+or stale attempt is deleted before the next one is created. Logs come from the job's head pod, streamed in chunks (bounded memory); a
 stream that ends while the JobSet runs (a restarted pod, a dropped watch) is followed
 again by the pipeline. The Hugging Face token goes into the Secret the JobSets name.
 `fab download` and `fab metrics` read the bucket from this machine (results/transfer.py).
@@ -16,6 +17,7 @@ from __future__ import annotations
 import calendar
 import copy
 import fnmatch
+import hashlib
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -35,7 +37,16 @@ from ..remote.jobrunner import JobState
 from ..results import runs, transfer
 from ..vm.machine import JobStatus
 from ..vm.output import Cleaner, lines
-from .jobsets import NAMESPACE, OUTPUTS_ANNOTATION, SECRET, TOOLS, TOOLS_CONFIG_MAP, in_bucket
+from .jobsets import (
+    INPUT_DIGESTS_ANNOTATION,
+    INPUTS_ANNOTATION,
+    NAMESPACE,
+    OUTPUTS_ANNOTATION,
+    SECRET,
+    TOOLS,
+    TOOLS_CONFIG_MAP,
+    in_bucket,
+)
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 HEAD_JOBS = ("pathways-head", "main")  # the replicated job whose pod runs the MaxText module
@@ -88,6 +99,9 @@ class Cluster:
             self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, job.job_dir)
             self._wait_gone(job.job_dir)
         manifest = self._resolve(copy.deepcopy(dict(job.runner_spec)))
+        annotations = manifest["metadata"]["annotations"]
+        if INPUTS_ANNOTATION in annotations:
+            annotations[INPUT_DIGESTS_ANNOTATION] = self._digests(annotations[INPUTS_ANNOTATION])
         self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, manifest)
         return self._state(job.job_dir)
 
@@ -165,10 +179,14 @@ class Cluster:
             return JobStatus(
                 JobState.FAILED, log=key, started=started, finished=finished, error=condition.get("message")
             )
-        outputs = (jobset["metadata"].get("annotations") or {}).get(OUTPUTS_ANNOTATION, "").split()
+        annotations = jobset["metadata"].get("annotations") or {}
+        outputs = annotations.get(OUTPUTS_ANNOTATION, "").split()
         missing = [pattern for pattern in outputs if not self._exists(pattern)]
         state = JobState.FAILED if missing else JobState.DONE
         error = f"it completed without {', '.join(missing)}" if missing else None
+        inputs = annotations.get(INPUTS_ANNOTATION)
+        if state is JobState.DONE and inputs and self._digests(inputs) != annotations.get(INPUT_DIGESTS_ANNOTATION):
+            state, error = JobState.STALE, f"{inputs} changed"
         return JobStatus(
             state, log=key, started=started, finished=finished, error=error, outputs=outputs, missing=missing
         )
@@ -193,6 +211,10 @@ class Cluster:
             raise UserError(
                 f"{what}: no Google credentials here ({err}); run gcloud auth application-default login"
             ) from None
+
+    def _digests(self, inputs: str) -> str:
+        """What the job was made from, as it is now: the SHA-256 of each input object (small: a SHA256SUMS)."""
+        return " ".join(hashlib.sha256((self.read_text(url) or "").encode()).hexdigest()[:16] for url in inputs.split())
 
     def _names(self, url: str) -> tuple[str, list[str]]:
         """The bucket-relative folder of a gs:// path (up to its first glob character) and the names below it."""

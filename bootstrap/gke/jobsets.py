@@ -28,6 +28,9 @@ TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py", "hub_upload.py", "
 TOOLS_DIR = "/tpu-rl/tools"
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
 OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
+INPUTS_ANNOTATION = "tpu-rl/inputs"  # what the job is made from: it is stale when they change
+INPUT_DIGESTS_ANNOTATION = "tpu-rl/input-digests"  # their digests when the JobSet was created
+PUBLISHED = f"{BUCKET_MOUNT}/published"  # the Hub uploads' markers: <run>/hub-<owner>--<name>.json
 RUN_ANNOTATION = "tpu-rl/run"  # the run's own name (the JobSet's name holds only part of it)
 CPU_POOL = "cpu-np"
 NAMESPACE = "tpu-rl"
@@ -201,25 +204,35 @@ HUB_UPLOAD_RESOURCES = {"cpu": "4", "memory": "8Gi"}  # hub_upload.py streams fi
 CARD_DIR = "/tmp/tpu-rl-card"  # the pod's own: hub_upload.py writes the filled-in card beside the template
 
 
-def hub_jobset(name: str, arguments: list[str], env: dict[str, str], card: str, marker: str, target: Slice,
-               run_name: str) -> dict:  # fmt: skip
-    """The Hub upload after export, in the cluster (so it runs without this machine). `arguments` are
-    hub_upload.py's FOLDER REPO_ID [flags]: it reads the export through the bucket's mount, gets the card template in its environment and the token from SECRET.
-    The JobSet is named for the repository too: another hub_repo is another upload."""
+def hub_jobset(name: str, folder: str, repo: str, flags: list[str], env: dict[str, str], card: str,
+               target: Slice, run_name: str) -> dict:  # fmt: skip
+    """The Hub upload after export, in the cluster (so it runs without this machine): hub_upload.py reads the
+    export through the bucket's mount, gets the card template in its environment and the token from SECRET,
+    and leaves its marker under PUBLISHED. Named for the repository too (another hub_repo is another upload);
+    stale when the export's SHA256SUMS changes (an export made again is uploaded again)."""
+    if not folder.startswith(BUCKET_MOUNT + "/"):
+        raise UserError(f"vars.export_dir={folder}: on gke the export must be in the bucket ({BUCKET_MOUNT}/...)")
+    marker = f"{PUBLISHED}/{run_name}/hub-{repo.replace('/', '--')}.json"
     card_file = f"{CARD_DIR}/card.md"
-    upload = ["python3", f"{TOOLS_DIR}/hub_upload.py", *arguments, "--card", card_file, "--marker", marker]
+    upload = ["python3", f"{TOOLS_DIR}/hub_upload.py", folder, repo, *flags, "--card", card_file, "--marker", marker]
     script = f'mkdir -p {CARD_DIR} && printf %s "$TPU_RL_CARD" > {card_file} && {shlex.join(upload)}'
-    env = {**env, "TPU_RL_CARD": card.replace("$(", "$$(")}  # Kubernetes expands $(NAME) in values; $$ keeps it
+    env = {**env, "TPU_RL_CARD": card}
     container = {
         "name": "main",
         "image": target.image,
         "imagePullPolicy": "Always",
-        "command": ["sh", "-c", script],
-        "env": [{"name": k, "value": v} for k, v in env.items()] + _secret_env(["HF_TOKEN"]),
+        "command": ["sh", "-c", _literal(script)],
+        "env": [{"name": k, "value": _literal(v)} for k, v in env.items()] + _secret_env(["HF_TOKEN"]),
         "resources": {"requests": HUB_UPLOAD_RESOURCES, "limits": dict(HUB_UPLOAD_RESOURCES)},
     }
-    metadata = _metadata(name, [marker], target, run_name, {}, identity=arguments[1])
+    metadata = _metadata(name, [marker], target, run_name, {}, identity=repo)
+    metadata["annotations"][INPUTS_ANNOTATION] = in_bucket(f"{folder}/SHA256SUMS", target.bucket)
     return _one_pod_jobset(metadata, container, target)
+
+
+def _literal(text: str) -> str:
+    """`text` as Kubernetes passes it on: it expands $(NAME) in commands and env values, and $$ to $."""
+    return text.replace("$", "$$")
 
 
 # Requests equal to limits (Guaranteed: not the first pod evicted under memory pressure), sized for the

@@ -9,7 +9,6 @@ On gke the export is in the bucket already; the Hub upload is one more JobSet th
 from __future__ import annotations
 
 import os
-import posixpath
 from types import MappingProxyType
 
 from ..errors import UserError
@@ -75,10 +74,8 @@ def _hub_target(plan: Plan) -> str:
     return f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}/{plan.spec.results.hub_repo}"
 
 
-def _hub_arguments(plan: Plan, folder: str) -> list[str]:
-    """hub_upload.py's FOLDER REPO_ID [--private], as both backends give them."""
-    results = plan.spec.results
-    return [folder, results.hub_repo] + (["--private"] if results.hub_private else [])
+def _hub_flags(plan: Plan) -> list[str]:
+    return ["--private"] if plan.spec.results.hub_private else []
 
 
 def hub_job(plan: Plan, folder: str) -> PlannedJob:
@@ -86,7 +83,7 @@ def hub_job(plan: Plan, folder: str) -> PlannedJob:
     repo = plan.spec.results.hub_repo
     job_dir = plan.layout.run_job(plan.run_name, f"publish-hub-{repo.replace('/', '--')}")
     marker = f"{job_dir}/published.json"
-    argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), *_hub_arguments(plan, folder)]
+    argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), folder, repo, *_hub_flags(plan)]
     argv += ["--card", f"{job_dir}/card.md", "--marker", marker, "--evals-from", f"{plan.job('train').job_dir}/{LOG}"]
     if (steps := _train_steps(plan)) is not None:
         argv += ["--steps", str(steps)]
@@ -104,19 +101,25 @@ def hub_job(plan: Plan, folder: str) -> PlannedJob:
 
 
 def gke_hub_job(plan: Plan, outputs: dict) -> PlannedJob:
-    """The Hub upload as a JobSet after export's, its marker in the bucket beside the run's other records.
-    train's log is not kept in the bucket, so the card says that no eval results were recorded."""
-    folder = plan.export_folder()  # under the bucket's mount: <mount>/<model>/hf-trained/<run>
-    repo = plan.spec.results.hub_repo
-    model_root = posixpath.dirname(posixpath.dirname(folder))
-    marker = f"{model_root}/published/{plan.run_name}/hub-{repo.replace('/', '--')}.json"
-    target = gke_session.target_of(outputs, plan.spec)
+    """The Hub upload as a JobSet after export's. train's log is not kept in the bucket, so the card says
+    that no eval results were recorded."""
     name = f"{DURABLE_PREFIX}hub"
     jobset = jobsets.hub_jobset(
-        name, _hub_arguments(plan, folder), _hub_env(), model_card(plan), marker, target, plan.run_name
+        name,
+        plan.export_folder(),
+        plan.spec.results.hub_repo,
+        _hub_flags(plan),
+        _hub_env(),
+        model_card(plan),
+        gke_session.target_of(outputs, plan.spec),
+        plan.run_name,
     )
     return PlannedJob(
-        name, jobset["metadata"]["name"], MappingProxyType(jobset), needs=("export",), target=_hub_target(plan)
+        f"{DURABLE_PREFIX}hub",
+        jobset["metadata"]["name"],
+        MappingProxyType(jobset),
+        ("export",),
+        target=_hub_target(plan),
     )
 
 

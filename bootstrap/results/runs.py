@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
@@ -12,6 +13,8 @@ from pathlib import Path
 from ..paths import runs_dir
 
 CURRENT = "current"
+_UMASK = os.umask(0o22)  # read once, at import (setting it is process-wide), and put back at once
+os.umask(_UMASK)
 
 
 def new_run_name() -> str:
@@ -62,21 +65,28 @@ class RunRecord:
         return cls(**{key: data[key] for key in ("name", "jobs", "evals", "results") if key in data})
 
     def save(self) -> None:
+        """Merged into what is on disk, under a lock: two fabs watching one pipeline save it at once, and
+        neither loses what the other noted."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        data = {
-            "name": self.name,
-            "jobs": self.jobs,
-            "evals": self.evals,
-            "results": self.results,
-        }
-        _replace(self.folder / "record.json", json.dumps(data, indent=1))
-        _replace(runs_dir() / CURRENT, self.name + "\n")
+        with open(self.folder / "record.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            disk = RunRecord.load(self.name)
+            self.jobs = {**disk.jobs, **self.jobs}
+            self.results = {**disk.results, **self.results}
+            self.evals = self.evals or disk.evals
+            data = {"name": self.name, "jobs": self.jobs, "evals": self.evals, "results": self.results}
+            _replace(self.folder / "record.json", json.dumps(data, indent=1))
+            _replace(runs_dir() / CURRENT, self.name + "\n")
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write whole or not at all, under a temporary name of this writer's own: two fabs watching one
-    pipeline save the same record at the same moment."""
+    """Write whole or not at all, under a temporary name of this writer's own, with the mode a plain write gives."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise

@@ -8,6 +8,7 @@ is parsed as on the VM.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import yaml
 from google.api_core.exceptions import Conflict
 
 from bootstrap.gke.jobsets import name_of as js
+from bootstrap.remote import manifest
 from tests import gcsemulator, hubstub, kubestub, tbevents
 from tests.kubestub import Run
 from tests.loopback import REPO
@@ -248,9 +250,21 @@ def test_the_hub_upload_runs_in_the_cluster_after_export_and_sends_the_exported_
     assert fab.hub.private[repo] is True
     assert "GRPO for " in card and "| (no eval results recorded) |" in card
     assert fab.token not in json.dumps(fab.kube.jobsets)  # the pod read it from the Secret
-    marker = json.loads(bucket.blob("llama3.1-8b-Instruct/published/r5/hub-tester--grpo-gke.json").download_as_text())
+    marker = json.loads(bucket.blob("published/r5/hub-tester--grpo-gke.json").download_as_text())
     assert marker["files"] == 5 and marker["repo"] == repo
 
     again = fab("train", "--run-name", "r5")
     assert again.returncode == 0 and "publish-hub: done already" in again.stdout, again.stdout + again.stderr
     assert fab.kube.created.count(js(f"publish-hub{repo}", "r5")) == 1
+
+    exported["config.json"] = b'{"made": "again"}\n'  # the export made again: another SHA256SUMS
+    bucket.blob(f"{export}config.json").upload_from_string(exported["config.json"])
+    sums = manifest.render(
+        {name: hashlib.sha256(data).hexdigest() for name, data in exported.items() if name != "SHA256SUMS"}
+    )
+    bucket.blob(f"{export}SHA256SUMS").upload_from_string(sums)
+    redone = fab("train", "--run-name", "r5")
+    assert redone.returncode == 0, redone.stdout + redone.stderr
+    assert "publish-hub: was done for inputs that have changed since" in redone.stdout
+    assert fab.hub.repos[repo]["config.json"] == exported["config.json"]  # the Hub has the new export
+    assert fab.hub.repos[repo]["SHA256SUMS"] == sums.encode()

@@ -26,7 +26,7 @@ from bootstrap.gke import jobsets
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from tests import xpk
+from tests import kubestub, xpk
 
 IMAGE = "us-docker.pkg.dev/my-project/tpu-rl/maxtext:0.2.3"
 TARGET = jobsets.Slice(bucket="my-results", topology="4x4", image=IMAGE)
@@ -272,3 +272,34 @@ def test_convert_and_export_pods_are_guaranteed_memory_for_the_8b_model():
         pod = jobs[name]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
         resources = pod["containers"][0]["resources"]
         assert resources["requests"] == resources["limits"] == {"cpu": "16", "memory": memory}  # QoS Guaranteed
+
+
+def hub_pod(card: str, folder: str = "/gcs/llama3.1-8b-Instruct/hf-trained/r1") -> dict:
+    target = jobsets.Slice(bucket="my-results", topology="4x4", image="img")
+    jobset = jobsets.hub_jobset("publish-hub", folder, "u/m", ["--private"], {"HF_ENDPOINT": "https://h"}, card,
+                                target, "r1")  # fmt: skip
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_hub_upload_pod_gets_its_card_and_command_exactly_as_written_after_kubernetes_expansion():
+    """The kubelet expands $(NAME) and $$ in commands and env values: a card (or a path) holding them must
+    reach the pod unchanged, and never pull the token (defined in the same pod) into a value or an argv."""
+    card = "cost $$5, $(HF_TOKEN) and $(HF_ENDPOINT), $HOME"
+    container = hub_pod(card)
+    values = {"HF_TOKEN": "hf_secret", "HF_ENDPOINT": "https://h"}
+    env = {e["name"]: kubestub.expand(e["value"], values) for e in container["env"] if "value" in e}
+    assert env["TPU_RL_CARD"] == card
+    script = kubestub.expand(container["command"][2], {**values, **env})
+    assert "hf_secret" not in script and '"$TPU_RL_CARD"' in script
+    assert script.endswith(
+        "/tpu-rl/tools/hub_upload.py /gcs/llama3.1-8b-Instruct/hf-trained/r1 u/m --private --card "
+        "/tmp/tpu-rl-card/card.md --marker /gcs/published/r1/hub-u--m.json"
+    )
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tpu-rl-hf-token", "key": "HF_TOKEN"}}} in (
+        container["env"]
+    )
+
+
+def test_a_hub_upload_of_an_export_outside_the_bucket_is_refused():
+    with pytest.raises(UserError, match=r"vars.export_dir=/dev/shm/x: on gke the export must be in the bucket"):
+        hub_pod("card", folder="/dev/shm/x")

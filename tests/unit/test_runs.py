@@ -1,4 +1,4 @@
-"""The local run record: saved whole, by any number of watchers at once."""
+"""The local run record: saved whole and merged, by any number of watchers at once."""
 
 import threading
 
@@ -24,6 +24,12 @@ def test_two_watchers_saving_one_record_at_once_both_succeed_and_it_stays_whole(
     for watcher in watchers:
         watcher.join(timeout=60)
     assert errors == []
-    assert list(RunRecord.load("r1").jobs) in (["train"], ["export"])
+    assert sorted(RunRecord.load("r1").jobs) == ["export", "train"]  # what each noted, neither lost
     assert runs.current_run() == "r1"
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["current", "r1", "record.json"]  # no temporary left
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [
+        "current",
+        "r1",
+        "record.json",
+        "record.lock",
+    ]  # no temporary
+    assert (tmp_path / "r1" / "record.json").stat().st_mode & 0o777 == 0o666 & ~runs._UMASK  # as a plain write
