@@ -6,9 +6,10 @@ graph (driver.Graph) skips, re-attaches and retries. A job's key is its JobSet's
 name. A job is done only when its JobSet completed and every declared output exists in
 Cloud Storage, and, for a job that names inputs (the Hub upload: the export's SHA256SUMS),
 only while they are what they were when it was created; the finished JobSet of a failed
-or stale attempt is deleted before the next one is created. Logs come from the job's head pod, streamed in chunks (bounded memory); a
-stream that ends while the JobSet runs (a restarted pod, a dropped watch) is followed
-again by the pipeline. The Hugging Face token goes into the Secret the JobSets name.
+or stale attempt is deleted before the next one is created. Logs come from the job's
+head pod, streamed in chunks (bounded memory); a stream that ends while the JobSet runs
+(a restarted pod, a dropped watch) is followed again by the pipeline. The Hugging Face
+token goes into the Secret the JobSets name.
 `fab download` and `fab metrics` read the bucket from this machine (results/transfer.py).
 """
 

@@ -20,6 +20,7 @@ from infra import topology
 
 from ..errors import UserError
 from ..jobs.load import RenderedJob
+from ..remote import manifest
 
 SECRET = "tpu-rl-hf-token"
 TOOLS_CONFIG_MAP = "tpu-rl-tools"
@@ -226,7 +227,7 @@ def hub_jobset(name: str, folder: str, repo: str, flags: list[str], env: dict[st
         "resources": {"requests": HUB_UPLOAD_RESOURCES, "limits": dict(HUB_UPLOAD_RESOURCES)},
     }
     metadata = _metadata(name, [marker], target, run_name, {}, identity=repo)
-    metadata["annotations"][INPUTS_ANNOTATION] = in_bucket(f"{folder}/SHA256SUMS", target.bucket)
+    metadata["annotations"][INPUTS_ANNOTATION] = in_bucket(f"{folder}/{manifest.NAME}", target.bucket)
     return _one_pod_jobset(metadata, container, target)
 
 

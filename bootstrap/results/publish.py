@@ -114,13 +114,7 @@ def gke_hub_job(plan: Plan, outputs: dict) -> PlannedJob:
         gke_session.target_of(outputs, plan.spec),
         plan.run_name,
     )
-    return PlannedJob(
-        f"{DURABLE_PREFIX}hub",
-        jobset["metadata"]["name"],
-        MappingProxyType(jobset),
-        ("export",),
-        target=_hub_target(plan),
-    )
+    return PlannedJob(name, jobset["metadata"]["name"], MappingProxyType(jobset), ("export",), target=_hub_target(plan))
 
 
 STACK_BUCKET = "gs://<stack-bucket>"  # what `fab plan` shows offline for results.gcs: stack
