@@ -80,15 +80,18 @@ class Kube:
             for tool, text in self.config_maps["tpu-rl-tools"]["data"].items():
                 with open(os.path.join(tools, tool), "w") as f:
                     f.write(text)
-            before = {blob.name: blob.md5_hash for blob in self.storage.list_blobs(bucket_name)}
-            for blob_name in before:
-                os.makedirs(os.path.dirname(os.path.join(mount, blob_name)), exist_ok=True)
-                bucket.blob(blob_name).download_to_filename(os.path.join(mount, blob_name))
+            before = {}  # object -> its bytes' SHA-256 as copied in
+            for blob in self.storage.list_blobs(bucket_name):
+                path = os.path.join(mount, blob.name)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                blob.download_to_filename(path)
+                before[blob.name] = manifest.file_digest(path)
             env: dict[str, str] = {}
             for item in container["env"]:
                 ref = item.get("valueFrom", {}).get("secretKeyRef")
-                secret = self.secrets[ref["name"]]["stringData"][ref["key"]] if ref else None
-                env[item["name"]] = secret if ref else expand(item["value"], env)
+                env[item["name"]] = (
+                    self.secrets[ref["name"]]["stringData"][ref["key"]] if ref else expand(item["value"], env)
+                )
             words = [expand(word, env) for word in container["command"]]
             command = [word.replace(TOOLS_DIR, tools).replace(BUCKET_MOUNT + "/", mount + "/") for word in words]
             env["PATH"] = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
@@ -97,7 +100,7 @@ class Kube:
                 for file in files:
                     path = os.path.join(folder, file)
                     blob_name = os.path.relpath(path, mount)
-                    if blob_name not in before:
+                    if before.get(blob_name) != manifest.file_digest(path):  # new or changed, as FUSE writes it
                         bucket.blob(blob_name).upload_from_filename(path)
         return done.stdout, done.returncode == 0
 
