@@ -6,7 +6,8 @@ of `ct6e-standard-4t` hosts in one COMPACT placement with the slice's topology, 
 pool `cpu-np` for the Pathways head (and convert/export), the results bucket, an identity
 for the jobs that may use that bucket only, and JobSet and Kueue from their pinned
 releases with XPK's queue objects. Jobs themselves are not declared here: `fab` submits
-them as JobSets.
+them as JobSets, or hands them to the pipeline's driver in the cluster, whose service
+account may only get, create and delete this namespace's JobSets (DRIVER_RULES).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ JOBSET_MANIFESTS = f"https://github.com/kubernetes-sigs/jobset/releases/download
 KUEUE_MANIFESTS = f"https://github.com/kubernetes-sigs/kueue/releases/download/{KUEUE_VERSION}/manifests.yaml"
 NAMESPACE = "tpu-rl"
 JOBS_SERVICE_ACCOUNT = "tpu-rl-jobs"
+DRIVER_SERVICE_ACCOUNT = "tpu-rl-driver"  # the pipeline's driver (bootstrap/remote/gke_driver.py)
+USERS = {"jobs": JOBS_SERVICE_ACCOUNT, "driver": DRIVER_SERVICE_ACCOUNT}  # Pulumi name -> Kubernetes service account
+DRIVER_RULES = [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "create", "delete"]}]
 CLUSTER_QUEUE = "cluster-queue"  # XPK's names
 LOCAL_QUEUE = "multislice-queue"
 SCOPES = [
@@ -218,27 +222,34 @@ class GkeSlice(pulumi.ComponentResource):
             gcp.storage.BucketIAMMember(
                 role.rsplit(".", 1)[1], bucket=self.bucket.name, role=role, member=member, opts=child
             )
-        gcp.serviceaccount.IAMMember(
-            "jobs-workload-identity",
-            service_account_id=account.name,
-            role="roles/iam.workloadIdentityUser",
-            member=f"serviceAccount:{s.gcp_project}.svc.id.goog[{NAMESPACE}/{JOBS_SERVICE_ACCOUNT}]",
-            opts=child,
-        )
+        for key, user in USERS.items():  # the driver reads what the jobs wrote
+            gcp.serviceaccount.IAMMember(
+                f"{key}-workload-identity",
+                service_account_id=account.name,
+                role="roles/iam.workloadIdentityUser",
+                member=f"serviceAccount:{s.gcp_project}.svc.id.goog[{NAMESPACE}/{user}]",
+                opts=child,
+            )
 
         provider = k8s.Provider("gke", kubeconfig=kubeconfig(self.cluster), opts=child)
         in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
         jobset = k8s.yaml.v2.ConfigFile("jobset", file=JOBSET_MANIFESTS, opts=in_cluster)
         kueue = k8s.yaml.v2.ConfigFile("kueue", file=KUEUE_MANIFESTS, opts=in_cluster)
         namespace = k8s.core.v1.Namespace("namespace", metadata={"name": NAMESPACE}, opts=in_cluster)
-        k8s.core.v1.ServiceAccount(
-            "jobs",
-            metadata={
-                "name": JOBS_SERVICE_ACCOUNT,
-                "namespace": NAMESPACE,
-                "annotations": {"iam.gke.io/gcp-service-account": account.email},
-            },
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
+        in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
+        for key, user in USERS.items():
+            identity = {"iam.gke.io/gcp-service-account": account.email}
+            k8s.core.v1.ServiceAccount(
+                key, metadata={"name": user, "namespace": NAMESPACE, "annotations": identity}, opts=in_namespace
+            )
+        driver = {"name": DRIVER_SERVICE_ACCOUNT, "namespace": NAMESPACE}
+        k8s.rbac.v1.Role("driver", metadata=driver, rules=DRIVER_RULES, opts=in_namespace)
+        k8s.rbac.v1.RoleBinding(
+            "driver",
+            metadata=driver,
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": DRIVER_SERVICE_ACCOUNT},
+            subjects=[{"kind": "ServiceAccount", **driver}],
+            opts=in_namespace,
         )
         queue_objects(s, pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[kueue, jobset, namespace]))
         self.register_outputs({"cluster": self.cluster.name, "bucket": self.bucket.name})

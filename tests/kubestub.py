@@ -10,28 +10,40 @@ watch does) or `exec`: the pod's container command really runs here, with the Co
 tools and the Secret's values where the pod spec mounts and names them, and the bucket as
 a folder (copied in before, and what the command wrote copied back after, as Cloud Storage
 FUSE would); its output is the log and its exit code decides the JobSet's end.
+
+Pods advance as their logs are followed (fab watching), or, with `autoplay`, by
+themselves as soon as their JobSet is created (a cluster no one watches). Pods reach the
+API as a cluster's pods do: over HTTPS at KUBERNETES_SERVICE_HOST/PORT, trusting the
+service account's ca.crt, with its token; a token is honoured only for what the Role
+bound to its service account in infra/gke.py grants (DRIVER_RULES), else 403.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import ipaddress
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from bootstrap.gke.jobsets import BUCKET_MOUNT, TOOLS_DIR
+from bootstrap.gke.jobsets import BUCKET_MOUNT, NAMESPACE, SERVICE_ACCOUNT_DIR, TOOLS_DIR
 from bootstrap.remote import manifest
+from infra.gke import DRIVER_RULES, DRIVER_SERVICE_ACCOUNT
 from tests import stubserver
 
 JOBSETS = re.compile(r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$")
 CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/]+))?(/log)?$")
 STAMP = "2026-11-30T12:00:00Z"
+EXEC_SECONDS = 300  # a pod's command (the driver's runs the whole pipeline)
 REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -59,9 +71,39 @@ class Kube:
     runs: dict[str, list[Run]] = field(default_factory=dict)  # JobSet -> pod runs left
     pods: dict[str, int] = field(default_factory=dict)  # JobSet -> pods started
     url: str = ""
+    storage_url: str = ""  # the emulator's address, as pods' clients are pointed at it
+    autoplay: bool = False
+    api_url: str = ""  # https://127.0.0.1:PORT, as pods reach the API
+    ca: str = ""  # the API's certificate (PEM), the pods' ca.crt
+    logs: dict[str, bytes] = field(default_factory=dict)  # JobSet -> what its executed command printed
+    requests: list[tuple[str, str, str]] = field(default_factory=list)  # (service account, verb, path) from pods
+
+    def token_of(self, account: str) -> str:
+        return f"token-of-{account}"
+
+    def allowed(self, token: str, verb: str, path: str) -> bool:
+        """RBAC for pods' requests: a JobSet verb the driver's Role grants, with the driver's token."""
+        m = JOBSETS.match(path)
+        if token != self.token_of(DRIVER_SERVICE_ACCOUNT) or not m or m[1] != NAMESPACE:
+            return False
+        return any("jobsets" in rule["resources"] and verb in rule["verbs"] for rule in DRIVER_RULES)
+
+    def play(self, name: str) -> None:
+        """The JobSet's pods, run by the cluster itself (autoplay)."""
+        while self.runs.get(name):
+            run = self.runs[name].pop(0)
+            if run.end == "exec":
+                self.logs[name], ok = self.execute(name)
+                return self.finish(name, "exec" if ok else "fail")
+            if run.end == "restart":
+                self.pods[name] += 1
+            elif run.end in ("complete", "fail"):
+                return self.finish(name, run.end)
 
     def finish(self, name: str, end: str) -> None:
-        jobset = self.jobsets[name]
+        jobset = self.jobsets.get(name)
+        if jobset is None:  # deleted meanwhile
+            return
         kind = "Completed" if end in ("complete", "exec") else "Failed"
         jobset["status"] = {"conditions": [{"type": kind, "status": "True", "lastTransitionTime": STAMP,
                                             "message": "a pod failed" if kind == "Failed" else ""}]}  # fmt: skip
@@ -92,10 +134,29 @@ class Kube:
                 env[item["name"]] = (
                     self.secrets[ref["name"]]["stringData"][ref["key"]] if ref else expand(item["value"], env)
                 )
+            account = os.path.join(root, "serviceaccount")  # what the kubelet mounts for the pod's service account
+            os.makedirs(account)
+            with open(os.path.join(account, "token"), "w") as f:
+                f.write(self.token_of(pod["serviceAccountName"]))
+            with open(os.path.join(account, "ca.crt"), "w") as f:
+                f.write(self.ca)
             words = [expand(word, env) for word in container["command"]]
-            command = [word.replace(TOOLS_DIR, tools).replace(BUCKET_MOUNT + "/", mount + "/") for word in words]
-            env["PATH"] = f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"
-            done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+            command = [
+                account
+                if word == SERVICE_ACCOUNT_DIR
+                else word.replace(TOOLS_DIR, tools).replace(f"{BUCKET_MOUNT}/", f"{mount}/")
+                for word in words
+            ]
+            host, port = self.api_url.removeprefix("https://").split(":")
+            env |= {
+                "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin",
+                "KUBERNETES_SERVICE_HOST": host,  # the kubelet's, in every pod
+                "KUBERNETES_SERVICE_PORT": port,
+                "STORAGE_EMULATOR_HOST": self.storage_url,  # stands in for the pod's Workload Identity
+            }
+            done = subprocess.run(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=EXEC_SECONDS
+            )
             for folder, _, files in os.walk(mount):
                 for file in files:
                     path = os.path.join(folder, file)
@@ -125,12 +186,29 @@ class Kube:
         return self.storage.bucket(bucket).blob(name)
 
 
-def _handler(kube: Kube):
+VERBS = {"GET": "get", "POST": "create", "PUT": "update", "DELETE": "delete"}
+
+
+def _handler(kube: Kube, from_pods: bool = False):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *args):
             pass
+
+        def parse_request(self) -> bool:
+            """A pod's request (the HTTPS listener) passes RBAC first; fab's (a kubeconfig user) is let through."""
+            if not super().parse_request():
+                return False
+            if not from_pods:
+                return True
+            token = self.headers.get("Authorization", "").removeprefix("Bearer ")
+            path, verb = urlparse(self.path).path, VERBS.get(self.command, "")
+            kube.requests.append((token, verb, path))
+            if kube.allowed(token, verb, path):
+                return True
+            self.send(403, {"kind": "Status", "reason": "Forbidden", "code": 403})
+            return False
 
         def send(self, status: int, body, length: int | None = None) -> None:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -206,7 +284,10 @@ def _handler(kube: Kube):
                 kube.created.append(name)
                 kube.runs[name] = list(kube.scripts[body["metadata"]["labels"]["tpu-rl/job"]])
                 kube.pods[name] = 1
-                return self.send(201, body)
+                self.send(201, body)
+                if kube.autoplay:
+                    threading.Thread(target=kube.play, args=(name,), daemon=True).start()
+                return None
             if m := CORE.match(url.path):
                 store = kube.secrets if m[2] == "secrets" else kube.config_maps
                 name = body["metadata"]["name"]
@@ -232,6 +313,52 @@ def _handler(kube: Kube):
     return Handler
 
 
-def serve() -> tuple[Kube, ThreadingHTTPServer]:
+def serve() -> tuple[Kube, list[ThreadingHTTPServer]]:
+    """The API on HTTP for fab (its kubeconfig) and on HTTPS for pods; both are shut down by the caller."""
     kube = Kube()
-    return kube, stubserver.start(kube, _handler)
+    servers = [stubserver.start(kube, _handler)]
+    with tempfile.TemporaryDirectory() as folder:
+        cert, key = _certificate(folder)
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(cert, key)
+        with open(cert) as f:
+            kube.ca = f.read()
+    pods = ThreadingHTTPServer(("127.0.0.1", 0), _handler(kube, from_pods=True))
+    pods.socket = tls.wrap_socket(pods.socket, server_side=True)
+    kube.api_url = f"https://127.0.0.1:{pods.server_address[1]}"
+    threading.Thread(target=pods.serve_forever, daemon=True).start()
+    return kube, [*servers, pods]
+
+
+def _certificate(folder: str) -> tuple[str, str]:
+    """A throwaway self-signed certificate for 127.0.0.1 (the cluster's CA and the API's own, in one)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    paths = os.path.join(folder, "api.crt"), os.path.join(folder, "api.key")
+    with open(paths[0], "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(paths[1], "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    return paths

@@ -15,13 +15,9 @@ token goes into the Secret the JobSets name.
 
 from __future__ import annotations
 
-import calendar
-import copy
-import fnmatch
-import hashlib
-import re
+import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from google.api_core.exceptions import GoogleAPIError, NotFound
@@ -34,15 +30,13 @@ from urllib3.exceptions import HTTPError
 from ..errors import UserError
 from ..jobs.plan import PlannedJob
 from ..paths import REPO
-from ..remote.jobrunner import JobState
+from ..remote import jobset_state
 from ..results import runs, transfer
 from ..vm.machine import JobStatus
 from ..vm.output import Cleaner, lines
 from .jobsets import (
-    INPUT_DIGESTS_ANNOTATION,
-    INPUTS_ANNOTATION,
     NAMESPACE,
-    OUTPUTS_ANNOTATION,
+    PLAN_DIGEST_ANNOTATION,
     SECRET,
     TOOLS,
     TOOLS_CONFIG_MAP,
@@ -51,7 +45,6 @@ from .jobsets import (
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 HEAD_JOBS = ("pathways-head", "main")  # the replicated job whose pod runs the MaxText module
-LATEST_STEP = re.compile(r"\$\{latest_step:(gs://[^{}]+)\}")
 POLL_SECONDS = 5
 CHUNK = 64 * 1024
 
@@ -93,24 +86,35 @@ class Cluster:
 
     def launch(self, job: PlannedJob) -> JobStatus:
         """Create the job's JobSet; one that runs is left alone, one that ended is replaced (a retry)."""
-        current = self._get(job.job_dir)
-        if current is not None:
-            if _verdict(current) is None:
-                return self._state(job.job_dir)
-            self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, job.job_dir)
-            self._wait_gone(job.job_dir)
-        manifest = self._resolve(copy.deepcopy(dict(job.runner_spec)))
-        annotations = manifest["metadata"]["annotations"]
-        if INPUTS_ANNOTATION in annotations:
-            annotations[INPUT_DIGESTS_ANNOTATION] = self._digests(annotations[INPUTS_ANNOTATION])
-        self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, manifest)
+        try:
+            jobset_state.launch(job.runner_spec, self, self)
+        except (jobset_state.NoCheckpoint, TimeoutError) as err:
+            raise UserError(f"{self.name}: {err}") from None
         return self._state(job.job_dir)
+
+    def hand_over(self, driver: dict) -> str:
+        """Start the pipeline's driver in the cluster (jobsets.driver_jobset). The driver of this same plan, if it
+        runs, is kept (the command again attaches to it); one driving another plan of the run is refused."""
+        name = driver["metadata"]["name"]
+        current = self.get(name)
+        if current is not None and jobset_state.verdict(current) is None:
+            if _digest(current) != _digest(driver):
+                raise UserError(
+                    f"{self.name}: the driver {NAMESPACE}/{name} runs another plan of this run (other jobs or "
+                    f"--arg); wait for it (fab status), or stop it: kubectl -n {NAMESPACE} delete jobset {name}"
+                )
+            return f"the cluster's driver {NAMESPACE}/{name} runs this pipeline already, kept"
+        try:
+            jobset_state.launch(driver, self, self)
+        except TimeoutError as err:
+            raise UserError(f"{self.name}: {err}") from None
+        return f"handed the pipeline to the cluster: its driver is the JobSet {NAMESPACE}/{name}"
 
     def follow(self, key: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None) -> None:
         """The head pod's log until its stream ends; while no pod runs yet (queued by Kueue), a heartbeat."""
         while (pod := self._head_pod(key)) is None:
-            jobset = self._get(key)
-            if jobset is None or _verdict(jobset) is not None:  # gone, or ended without a pod to read
+            jobset = self.get(key)
+            if jobset is None or jobset_state.verdict(jobset) is not None:  # gone, or ended without a pod to read
                 return
             on_idle()
             time.sleep(POLL_SECONDS)
@@ -168,29 +172,7 @@ class Cluster:
     # --- Inside -----------------------------------------------------------------------------
 
     def _state(self, key: str) -> JobStatus:
-        jobset = self._get(key)
-        if jobset is None:
-            return JobStatus(JobState.PENDING)
-        started = _time(jobset["metadata"].get("creationTimestamp"))
-        verdict = _verdict(jobset)
-        if verdict is None:
-            return JobStatus(JobState.RUNNING, log=key, started=started)
-        condition, finished = verdict
-        if condition["type"] == "Failed":
-            return JobStatus(
-                JobState.FAILED, log=key, started=started, finished=finished, error=condition.get("message")
-            )
-        annotations = jobset["metadata"].get("annotations") or {}
-        outputs = annotations.get(OUTPUTS_ANNOTATION, "").split()
-        missing = [pattern for pattern in outputs if not self._exists(pattern)]
-        state = JobState.FAILED if missing else JobState.DONE
-        error = f"it completed without {', '.join(missing)}" if missing else None
-        inputs = annotations.get(INPUTS_ANNOTATION)
-        if state is JobState.DONE and inputs and self._digests(inputs) != annotations.get(INPUT_DIGESTS_ANNOTATION):
-            state, error = JobState.STALE, f"{inputs} changed"
-        return JobStatus(
-            state, log=key, started=started, finished=finished, error=error, outputs=outputs, missing=missing
-        )
+        return JobStatus.from_json(jobset_state.state(self.get(key), self))
 
     def where(self, path: str) -> str:
         """A pod's path under the bucket's mount (or a gs:// URL) as the gs:// URL this machine reads; a path
@@ -213,35 +195,10 @@ class Cluster:
                 f"{what}: no Google credentials here ({err}); run gcloud auth application-default login"
             ) from None
 
-    def _digests(self, inputs: str) -> str:
-        """What the job was made from, as it is now: the SHA-256 of each input object (small: a SHA256SUMS)."""
-        return " ".join(hashlib.sha256((self.read_text(url) or "").encode()).hexdigest()[:16] for url in inputs.split())
-
-    def _names(self, url: str) -> tuple[str, list[str]]:
-        """The bucket-relative folder of a gs:// path (up to its first glob character) and the names below it."""
-        bucket, _, path = url.removeprefix("gs://").partition("/")
-        prefix = re.split(r"[*?\[]", path, maxsplit=1)[0]
-        return path, [blob.name for blob in self.storage.list_blobs(bucket, prefix=prefix)]
-
-    def _exists(self, pattern: str) -> bool:
-        """Whether some object matches a gs:// glob, or lies below a folder that does."""
-        path, names = self._names(pattern)
-        return any(fnmatch.fnmatch(name, path) or fnmatch.fnmatch(name, f"{path}/*") for name in names)
-
-    def _resolve(self, manifest: dict) -> dict:
-        """${latest_step:gs://...} in a command: the highest integer step folder there, as on the VM."""
-
-        def latest(match: re.Match) -> str:
-            folder, names = self._names(match[1].rstrip("/") + "/")
-            steps = [int(part) for name in names if (part := name[len(folder) :].split("/")[0]).isdigit()]
-            if not steps:
-                raise UserError(f"no checkpoint steps in {match[1]}: is train done?")
-            return str(max(steps))
-
-        for job in manifest["spec"]["replicatedJobs"]:
-            for container in job["template"]["spec"]["template"]["spec"]["containers"]:
-                container["command"] = [LATEST_STEP.sub(latest, word) for word in container.get("command", [])]
-        return manifest
+    def names(self, prefix: str) -> list[str]:
+        bucket, _, path = prefix.removeprefix("gs://").partition("/")
+        listed = self._storage(lambda: list(self.storage.list_blobs(bucket, prefix=path)), prefix)
+        return [f"gs://{bucket}/{blob.name}" for blob in listed]
 
     def _head_pod(self, key: str):
         selector = f"jobset.sigs.k8s.io/jobset-name={key}"
@@ -254,24 +211,26 @@ class Cluster:
         ]
         return max(heads, key=lambda pod: pod.metadata.creation_timestamp, default=None)
 
-    def _get(self, key: str) -> dict | None:
+    def get(self, name: str) -> dict | None:
         try:
-            return self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, key)
+            return self._call(self.custom.get_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, name)
         except _NotFound:
             return None
+
+    def create(self, jobset: dict) -> None:
+        with contextlib.suppress(_Exists):
+            self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, jobset)
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(_NotFound):
+            self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, name,
+                       body=client.V1DeleteOptions(propagation_policy="Foreground"))  # fmt: skip
 
     def _put(self, create, replace, name: str, body) -> None:
         try:
             self._call(create, NAMESPACE, body)
         except _Exists:
             self._call(replace, name, NAMESPACE, body)
-
-    def _wait_gone(self, key: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while self._get(key) is not None:
-            if time.monotonic() > deadline:
-                raise UserError(f"{self.name}: the old JobSet {key} was not deleted within {timeout:.0f} s")
-            time.sleep(1)
 
     def _call(self, method, *args, **kwargs):
         """One API call; its failure is one line (404 and 409 are for the caller to handle)."""
@@ -295,13 +254,5 @@ class _Exists(UserError):
         super().__init__("the Kubernetes API: already exists")
 
 
-def _verdict(jobset: Mapping) -> tuple[dict, float | None] | None:
-    """The JobSet's final condition (Completed or Failed) and when it came, or None while it runs."""
-    for condition in (jobset.get("status") or {}).get("conditions") or []:
-        if condition.get("type") in ("Completed", "Failed") and condition.get("status") == "True":
-            return condition, _time(condition.get("lastTransitionTime"))
-    return None
-
-
-def _time(stamp: str | None) -> float | None:
-    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) if stamp else None
+def _digest(jobset: dict) -> str | None:
+    return (jobset["metadata"].get("annotations") or {}).get(PLAN_DIGEST_ANNOTATION)

@@ -12,6 +12,7 @@ container from the Kubernetes Secret `SECRET`, never from the manifest or an arg
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -21,22 +22,25 @@ from infra import topology
 from ..errors import UserError
 from ..jobs.load import RenderedJob
 from ..remote import manifest
+from ..remote.jobset_state import INPUTS_ANNOTATION, OUTPUTS_ANNOTATION
 
 SECRET = "tpu-rl-hf-token"
 TOOLS_CONFIG_MAP = "tpu-rl-tools"
 # train's launcher, export's follow-up steps and the Hub upload, mounted from TOOLS_CONFIG_MAP
-TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py")
+# and the pipeline's driver in the cluster (gke_driver.py, with the modules it runs on)
+TOOLS = ("maxtext_run.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py",
+         "gke_driver.py", "driver.py", "jobrunner.py", "jobset_state.py", "gcs.py")  # fmt: skip
 TOOLS_DIR = "/tpu-rl/tools"
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
-OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
-INPUTS_ANNOTATION = "tpu-rl/inputs"  # what the job is made from: it is stale when they change
-INPUT_DIGESTS_ANNOTATION = "tpu-rl/input-digests"  # their digests when the JobSet was created
 PUBLISHED = f"{BUCKET_MOUNT}/published"  # the Hub uploads' markers: <run>/hub-<owner>--<name>.json
 RUN_ANNOTATION = "tpu-rl/run"  # the run's own name (the JobSet's name holds only part of it)
 CPU_POOL = "cpu-np"
 NAMESPACE = "tpu-rl"
 QUEUE = "multislice-queue"
 SERVICE_ACCOUNT = "tpu-rl-jobs"
+DRIVER_SERVICE_ACCOUNT = "tpu-rl-driver"  # may get, create and delete this namespace's JobSets (infra/gke.py)
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet puts its token
+PLAN_DIGEST_ANNOTATION = "tpu-rl/plan-digest"  # the driver's plan: the same command again attaches to it
 PROXY_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/proxy_server:latest"
 SERVER_IMAGE = "us-docker.pkg.dev/cloud-tpu-v2-images/pathways/server:latest"
 PATHWAYS_VERSION = "tpuv6e"
@@ -229,6 +233,44 @@ def hub_jobset(name: str, folder: str, repo: str, flags: list[str], env: dict[st
     metadata = _metadata(name, [marker], target, run_name, {}, identity=repo)
     metadata["annotations"][INPUTS_ANNOTATION] = in_bucket(f"{folder}/{manifest.NAME}", target.bucket)
     return _one_pod_jobset(metadata, container, target)
+
+
+DRIVER_JOB = "pipeline"
+DRIVER_RESOURCES = {"cpu": "500m", "memory": "512Mi"}  # it polls a few JobSets and lists a few objects
+DRIVER_IDENTITY = "/driver"  # no job's name has a "/": never a job's JobSet
+DRIVER_RESTARTS = 3  # a driver that crashed (the API did not answer) is started again; its pass resumes
+
+
+def driver_name(run_name: str) -> str:
+    return name_of(DRIVER_JOB + DRIVER_IDENTITY, run_name)
+
+
+def driver_jobset(plan: dict, target: Slice, run_name: str) -> dict:
+    """The pipeline's driver in the cluster (gke_driver.py): the plan fab checked, as data in its environment,
+    under the service account that may manage this namespace's JobSets. Its pod is started again after a
+    crash or a node's disruption (it adopts what runs), never after the pipeline failed (exit 1: the next
+    fab train retries, as on the VM)."""
+    container = {
+        "name": "main",
+        "image": target.image,
+        "imagePullPolicy": "Always",
+        "command": ["python3", f"{TOOLS_DIR}/gke_driver.py", SERVICE_ACCOUNT_DIR, NAMESPACE],
+        "env": [{"name": "TPU_RL_PLAN", "value": _literal(json.dumps(plan, sort_keys=True))}],
+        "resources": {"requests": DRIVER_RESOURCES, "limits": dict(DRIVER_RESOURCES)},
+    }
+    metadata = _metadata(DRIVER_JOB, [], target, run_name, {}, identity=DRIVER_IDENTITY)
+    metadata["annotations"][PLAN_DIGEST_ANNOTATION] = plan["digest"]
+    jobset = _one_pod_jobset(metadata, container, target)
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    job["backoffLimit"] = DRIVER_RESTARTS
+    job["podFailurePolicy"] = {
+        "rules": [
+            {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [1]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
+    }
+    job["template"]["spec"]["serviceAccountName"] = DRIVER_SERVICE_ACCOUNT
+    return jobset
 
 
 def _literal(text: str) -> str:

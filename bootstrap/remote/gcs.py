@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 
 SCHEME = "gs://"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
@@ -95,12 +96,13 @@ def _pattern(glob: str) -> re.Pattern:
     return re.compile("".join(wild.get(p) or (f"(?!/){p}" if p.startswith("[") else re.escape(p)) for p in parts if p))
 
 
-def matches(glob: str) -> list[str]:
-    """What a glob names in the bucket: objects, or "folders" with at least one object below them."""
+def matches(glob: str, listing: Callable[[str], list[str]] = names) -> list[str]:
+    """What a glob names in the bucket: objects, or "folders" with at least one object below them
+    (`listing`: the gs:// names below a prefix, through this module or another client)."""
     literal = re.split(r"[*?\[]", glob, maxsplit=1)[0]
     pattern = _pattern(glob.rstrip("/"))
     found = set()
-    for name in names(literal):
+    for name in listing(literal):
         parts = name.split("/")
         for end in range(3, len(parts) + 1):  # gs:, "", bucket, then the name's segments
             if pattern.fullmatch("/".join(parts[:end])):

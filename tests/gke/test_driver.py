@@ -14,12 +14,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 from google.api_core.exceptions import Conflict
 
+from bootstrap.gke import jobsets
 from bootstrap.gke.jobsets import name_of as js
 from bootstrap.remote import manifest
 from tests import gcsemulator, hubstub, kubestub, tbevents
@@ -46,14 +48,14 @@ def log(name: str) -> list[str]:
 
 @pytest.fixture
 def cluster(gcs_emulator):
-    kube, server = kubestub.serve()
-    kube.storage = gcsemulator.client(gcs_emulator)
+    kube, servers = kubestub.serve()
+    kube.storage, kube.storage_url = gcsemulator.client(gcs_emulator), gcs_emulator
     with contextlib.suppress(Conflict):
         kube.storage.create_bucket(OUTPUTS["bucket"])
     hub, hub_server = hubstub.serve()
     yield kube, hub
-    server.shutdown()
-    hub_server.shutdown()
+    for server in (*servers, hub_server):
+        server.shutdown()
 
 
 @pytest.fixture
@@ -131,13 +133,8 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     secret = fab.kube.secrets["tpu-rl-hf-token"]
     assert secret["stringData"] == {"HF_TOKEN": fab.token}
     assert fab.token not in json.dumps(fab.kube.jobsets)  # only the Secret holds it
-    assert set(fab.kube.config_maps["tpu-rl-tools"]["data"]) == {
-        "maxtext_run.py",
-        "export_config.py",
-        "manifest.py",
-        "hub_upload.py",
-        "evals.py",
-    }
+    tools = fab.kube.config_maps["tpu-rl-tools"]["data"]
+    assert tools == {name: (REPO / "bootstrap" / "remote" / name).read_text() for name in jobsets.TOOLS}
 
     again = fab("train", "--run-name", "r1")
     assert again.returncode == 0, again.stderr
@@ -268,3 +265,103 @@ def test_the_hub_upload_runs_in_the_cluster_after_export_and_sends_the_exported_
     assert "publish-hub: was done for inputs that have changed since" in redone.stdout
     assert fab.hub.repos[repo]["config.json"] == exported["config.json"]  # the Hub has the new export
     assert fab.hub.repos[repo]["SHA256SUMS"] == sums.encode()
+
+
+def wait_until(condition, what: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.2)
+
+
+def with_hub_repo(tmp_path, repo: str) -> None:
+    pipeline = tmp_path / "jobs" / "pipeline.yaml"
+    spec = yaml.safe_load(pipeline.read_text())
+    spec["results"]["hub_repo"] = repo
+    pipeline.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def test_detach_hands_the_pipeline_to_a_driver_in_the_cluster_that_finishes_it_with_fab_gone(fab, tmp_path):
+    """fab train --detach returns once the driver's JobSet exists. The stand-in then really runs its command,
+    gke_driver.py, as a cluster would with no one watching: over HTTPS with its service account's token, held
+    to the Role infra/gke.py declares, and Cloud Storage (the emulator). The driver alone creates convert, train,
+    export and the Hub upload, each once its needs are done, and the Hub ends up with what export left."""
+    repo = "tester/grpo-unattended"
+    with_hub_repo(tmp_path, repo)
+    fab.kube.autoplay = True  # pods run by themselves; no fab follows their logs
+    script(fab.kube)
+    fab.kube.scripts.update(pipeline=[Run([], "exec")], **{"publish-hub": [Run([], "exec")]})
+    detached = fab("train", "--run-name", "r6", "--detach")
+    assert detached.returncode == 0, detached.stdout + detached.stderr
+    driver = jobsets.driver_name("r6")
+    assert f"handed the pipeline to the cluster: its driver is the JobSet tpu-rl/{driver}" in detached.stdout
+    assert fab.kube.created[0] == driver
+
+    wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
+    events = [json.loads(line) for line in fab.kube.logs[driver].decode().splitlines()]
+    assert events[-1]["event"] == "finished" and events[-1]["state"] == "done", events
+    assert fab.kube.jobsets[driver]["status"]["conditions"][0]["type"] == "Completed"
+    jobs = [js("convert", "r6"), js("train", "r6"), js("export", "r6"), js(f"publish-hub{repo}", "r6")]
+    assert fab.kube.created == [driver, *jobs]  # in order, once each
+    creates = [(token, path) for token, verb, path in fab.kube.requests if verb == "create"]
+    assert len(creates) == 4 and {token for token, _ in creates} == {fab.kube.token_of("tpu-rl-driver")}
+    assert all(fab.kube.allowed(*request) for request in fab.kube.requests)  # nothing beyond its Role was needed
+    export = fab.kube.jobsets[js("export", "r6")]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    assert "post-train/r6/checkpoints/actor/4/model_params" in export["spec"]["containers"][0]["command"][2]
+    bucket = fab.kube.storage.bucket("my-results")
+    prefix = "llama3.1-8b-Instruct/hf-trained/r6/"
+    exported = {b.name.removeprefix(prefix): b.download_as_bytes() for b in bucket.list_blobs(prefix=prefix)}
+    uploaded = dict(fab.hub.repos[repo])
+    uploaded.pop("README.md")
+    assert uploaded == exported and len(exported) == 4
+    assert fab.token not in json.dumps(fab.kube.jobsets)  # the driver's plan names the Secret, never the token
+
+    again = fab("train", "--run-name", "r6")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count("done already") == 4 and len(fab.kube.created) == 5
+    status = fab("status", "--run-name", "r6")
+    assert status.returncode == 0 and f"pipeline: done in the cluster by the JobSet tpu-rl/{driver}" in status.stdout
+
+
+def test_a_run_driven_in_the_cluster_is_not_driven_from_here_too(fab):
+    """While the cluster's driver runs a plan: the same --detach keeps it, another plan is refused, and fab
+    train without --detach (which would drive the same JobSets from here) is refused in one line."""
+    script(fab.kube)
+    fab.kube.scripts["pipeline"] = []  # its pod runs on and on
+    assert fab("train", "--run-name", "r7", "--detach").returncode == 0
+    driver = jobsets.driver_name("r7")
+    same = fab("train", "--run-name", "r7", "--detach")
+    assert same.returncode == 0 and f"the cluster's driver tpu-rl/{driver} runs this pipeline already" in same.stdout
+    other = fab("train", "--run-name", "r7", "--detach", "--arg", "train.steps=3")
+    assert other.returncode == 2 and f"the driver tpu-rl/{driver} runs another plan of this run" in other.stderr
+    attached = fab("train", "--run-name", "r7")
+    assert attached.returncode == 2
+    assert f"run r7: its pipeline is driven in the cluster by the JobSet tpu-rl/{driver}" in attached.stderr
+    assert fab.kube.created == [driver]  # nothing else was started
+    status = fab("status", "--run-name", "r7")
+    assert f"pipeline: running in the cluster, driven by the JobSet tpu-rl/{driver}" in status.stdout
+
+
+def test_a_job_failing_in_the_clusters_pipeline_ends_it_and_the_next_detach_retries_it(fab):
+    """The driver in the cluster stops at a failed train (export is never created, the driver's pod fails,
+    fab status says so); the next fab train --detach replaces the ended driver, whose pass keeps convert
+    and retries train, then runs export."""
+    fab.kube.autoplay = True
+    script(fab.kube, [Run(log("train")[:150], "fail")])
+    fab.kube.scripts["pipeline"] = [Run([], "exec")]
+    assert fab("train", "--run-name", "r8", "--detach").returncode == 0
+    driver = jobsets.driver_name("r8")
+    wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
+    assert fab.kube.jobsets[driver]["status"]["conditions"][0]["type"] == "Failed"
+    events = [json.loads(line) for line in fab.kube.logs[driver].decode().splitlines()]
+    assert {"event": "blocked", "job": "export", "needs": "train"} in [{k: e[k] for k in e if k != "t"} for e in events]
+    assert fab.kube.created == [driver, js("convert", "r8"), js("train", "r8")]
+    status = fab("status", "--run-name", "r8")
+    assert f"pipeline: failed in the cluster (the JobSet tpu-rl/{driver}: a pod failed)" in status.stdout
+
+    fab.kube.scripts["train"] = [Run(log("train"), "complete")]
+    assert fab("train", "--run-name", "r8", "--detach").returncode == 0
+    wait_until(lambda: fab.kube.jobsets.get(driver, {}).get("status"), "the second driver's pod ended")
+    assert fab.kube.jobsets[driver]["status"]["conditions"][0]["type"] == "Completed"
+    assert fab.kube.deleted == [driver, js("train", "r8")]  # the ended driver, then the failed train
+    assert fab.kube.created[3:] == [driver, js("train", "r8"), js("export", "r8")]  # convert kept

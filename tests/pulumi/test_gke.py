@@ -86,8 +86,10 @@ def test_cluster_cpu_pool_and_identity_as_xpk_sets_them_up():
     assert cpu["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 20}
     roles = {r.inputs["role"] for r in stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
     assert roles == {"roles/storage.objectAdmin", "roles/storage.legacyBucketReader"}
-    (binding,) = stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")
-    assert binding.inputs["member"] == "serviceAccount:my-project.svc.id.goog[tpu-rl/tpu-rl-jobs]"
+    members = {r.inputs["member"] for r in stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")}
+    assert members == {
+        f"serviceAccount:my-project.svc.id.goog[tpu-rl/{user}]" for user in ("tpu-rl-jobs", "tpu-rl-driver")
+    }
     assert not stack.of_type("gcp:compute/instance:Instance")  # no SSH VM on this backend
 
 
@@ -141,3 +143,28 @@ def test_gke_config_errors(config, message):
     with pytest.raises(Exception) as raised:
         run_program({**GKE, **config})
     assert type(raised.value).__name__ == "ConfigError" and message in str(raised.value)
+
+
+def test_the_pipelines_driver_may_manage_this_namespaces_jobsets_and_nothing_else():
+    """The in-cluster driver's service account, bound to a Role of this namespace that grants only what
+    gke_driver.py calls: get, create and delete JobSets (no Secrets, no pods, nothing cluster-wide)."""
+    stack = run_program(GKE)
+    assert not stack.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole")
+    assert not stack.of_type("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding")
+    (role,) = stack.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+    assert role.inputs["metadata"] == {"name": "tpu-rl-driver", "namespace": "tpu-rl"}
+    assert role.inputs["rules"] == [
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "create", "delete"]}
+    ]
+    (binding,) = stack.of_type("kubernetes:rbac.authorization.k8s.io/v1:RoleBinding")
+    assert binding.inputs["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "tpu-rl-driver",
+    }
+    assert binding.inputs["subjects"] == [{"kind": "ServiceAccount", "name": "tpu-rl-driver", "namespace": "tpu-rl"}]
+    accounts = {
+        r.inputs["metadata"]["name"]: r.inputs["metadata"] for r in stack.of_type("kubernetes:core/v1:ServiceAccount")
+    }
+    assert set(accounts) == {"tpu-rl-jobs", "tpu-rl-driver"}
+    assert all("iam.gke.io/gcp-service-account" in meta["annotations"] for meta in accounts.values())

@@ -27,14 +27,17 @@ HUB_REPO = "a-user-name-of-many-chars/" + "m" * 70
 
 
 def manifests(run_name: str, topology: str = "4x4", hub_repo: str = HUB_REPO) -> dict[str, dict]:
-    """Every JobSet a run creates: the MaxText jobs' and the Hub upload's."""
+    """Every JobSet a run creates: the MaxText jobs', the Hub upload's and the driver's that runs them all."""
     target = jobsets.Slice(bucket="my-results", topology=topology, image=IMAGE)
     plan = gke_session.plan(load.read(REPO / "jobs"), jobsets.overrides(target), run_name, target)
     results = plan.spec.results.model_copy(update={"hub_repo": hub_repo, "hub_private": True})
     gke = plan.spec.gke.model_copy(update={"image": IMAGE})
     plan = dataclasses.replace(plan, spec=plan.spec.model_copy(update={"results": results, "gke": gke}))
     hub = publish.gke_hub_job(plan, {"bucket": "my-results", "topology": topology})
-    return {job.name: dict(job.runner_spec) for job in (*plan.jobs, hub)}
+    created = {job.name: dict(job.runner_spec) for job in (*plan.jobs, hub)}
+    entries = [{"name": name, "needs": [], "start": True, "manifest": manifest} for name, manifest in created.items()]
+    pipeline = {"run": run_name, "digest": "0" * 16, "jobs": entries}
+    return {**created, jobsets.DRIVER_JOB: jobsets.driver_jobset(pipeline, target, run_name)}
 
 
 def queue(topology: str = "4x4") -> dict[str, dict]:
