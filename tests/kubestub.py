@@ -11,8 +11,10 @@ tools and the Secret's values where the pod spec mounts and names them, and the 
 a folder (copied in before, and what the command wrote copied back after, as Cloud Storage
 FUSE would); its output is the log and its exit code decides the JobSet's end.
 
-Pods advance as their logs are followed (fab watching), or, with `autoplay`, by
-themselves as soon as their JobSet is created (a cluster no one watches). Pods reach the
+Pods advance as their logs are followed (fab watching), or, for the jobs in `autoplay`
+(the driver's, always), by themselves as soon as their JobSet is created (a cluster no
+one watches), once their `hold` (if any) is released. A command run by itself streams its
+output to its log's readers while it runs. Pods reach the
 API as a cluster's pods do: over HTTPS at KUBERNETES_SERVICE_HOST/PORT, trusting the
 service account's ca.crt, with its token; a token is honoured only for what the Role
 bound to its service account in infra/gke.py grants (DRIVER_RULES), else 403.
@@ -43,6 +45,7 @@ from tests import stubserver
 JOBSETS = re.compile(r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/([^/]+)/jobsets(?:/([^/]+))?$")
 CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/]+))?(/log)?$")
 STAMP = "2026-11-30T12:00:00Z"
+CHUNK = 64 * 1024
 EXEC_SECONDS = 300  # a pod's command (the driver's runs the whole pipeline)
 REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
@@ -72,11 +75,14 @@ class Kube:
     pods: dict[str, int] = field(default_factory=dict)  # JobSet -> pods started
     url: str = ""
     storage_url: str = ""  # the emulator's address, as pods' clients are pointed at it
-    autoplay: bool = False
+    autoplay: set[str] = field(default_factory=lambda: {"pipeline"})  # job labels whose pods run by themselves
+    without_outputs: set[str] = field(default_factory=set)  # job labels that complete without writing them
+    hold: dict[str, threading.Event] = field(default_factory=dict)  # job label -> released when its pods may run
     api_url: str = ""  # https://127.0.0.1:PORT, as pods reach the API
     ca: str = ""  # the API's certificate (PEM), the pods' ca.crt
-    logs: dict[str, bytes] = field(default_factory=dict)  # JobSet -> what its executed command printed
-    requests: list[tuple[str, str, str]] = field(default_factory=list)  # (service account, verb, path) from pods
+    logs: dict[str, bytearray] = field(default_factory=dict)  # JobSet -> what its executed command printed
+    requests: list[tuple[str, str, str]] = field(default_factory=list)  # (token, verb, path) from pods
+    garble: dict[str, int] = field(default_factory=dict)  # API path -> how many pod requests get a broken answer
 
     def token_of(self, account: str) -> str:
         return f"token-of-{account}"
@@ -88,34 +94,56 @@ class Kube:
             return False
         return any("jobsets" in rule["resources"] and verb in rule["verbs"] for rule in DRIVER_RULES)
 
+    def plays(self, name: str) -> bool:
+        """Whether the JobSet's pods run by themselves (reading their logs does not advance them)."""
+        return name in self.jobsets and self.jobsets[name]["metadata"]["labels"]["tpu-rl/job"] in self.autoplay
+
     def play(self, name: str) -> None:
         """The JobSet's pods, run by the cluster itself (autoplay)."""
+        gate = self.hold.get(self.jobsets[name]["metadata"]["labels"]["tpu-rl/job"])
+        if gate is not None:
+            gate.wait(EXEC_SECONDS)
         while self.runs.get(name):
             run = self.runs[name].pop(0)
+            self.logs[name] += "".join(line + "\n" for line in run.lines).encode()
             if run.end == "exec":
-                self.logs[name], ok = self.execute(name)
-                return self.finish(name, "exec" if ok else "fail")
+                return self.finish(name, "exec" if self.run_pods(name) else "fail")
             if run.end == "restart":
                 self.pods[name] += 1
             elif run.end in ("complete", "fail"):
                 return self.finish(name, run.end)
+
+    def run_pods(self, name: str) -> bool:
+        """The Job controller's rules for the JobSet's one pod, its command really run: a pod that failed is
+        replaced up to backoffLimit times, unless a FailJob rule of its podFailurePolicy names its exit code."""
+        job = self.jobsets[name]["spec"]["replicatedJobs"][0]["template"]["spec"]
+        rules = (job.get("podFailurePolicy") or {}).get("rules", [])
+        for _ in range(job.get("backoffLimit", 6) + 1):
+            _, code = self.execute(name)
+            if code == 0:
+                return True
+            if any(r["action"] == "FailJob" and code in r.get("onExitCodes", {}).get("values", []) for r in rules):
+                return False
+            self.pods[name] += 1
+        return False
 
     def finish(self, name: str, end: str) -> None:
         jobset = self.jobsets.get(name)
         if jobset is None:  # deleted meanwhile
             return
         kind = "Completed" if end in ("complete", "exec") else "Failed"
+        if end == "complete" and jobset["metadata"]["labels"]["tpu-rl/job"] not in self.without_outputs:
+            self.write_outputs(jobset["metadata"]["annotations"]["tpu-rl/outputs"].split())  # before its pod ends
         jobset["status"] = {"conditions": [{"type": kind, "status": "True", "lastTransitionTime": STAMP,
                                             "message": "a pod failed" if kind == "Failed" else ""}]}  # fmt: skip
-        if end == "complete":
-            self.write_outputs(jobset["metadata"]["annotations"]["tpu-rl/outputs"].split())
 
-    def execute(self, name: str) -> tuple[bytes, bool]:
-        """Run the JobSet's one container here: its output, and whether it exited 0."""
+    def execute(self, name: str) -> tuple[bytes, int]:
+        """Run the JobSet's one container here: its output, and its exit code."""
         pod = self.jobsets[name]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
         container = pod["containers"][0]
-        (bucket_name,) = [v["csi"]["volumeAttributes"]["bucketName"] for v in pod["volumes"] if "csi" in v]
-        bucket = self.storage.bucket(bucket_name)
+        mounted = [
+            self.storage.bucket(v["csi"]["volumeAttributes"]["bucketName"]) for v in pod["volumes"] if "csi" in v
+        ]
         with tempfile.TemporaryDirectory() as root:
             tools, mount = os.path.join(root, "tools"), os.path.join(root, "gcs")
             os.makedirs(tools)
@@ -123,7 +151,7 @@ class Kube:
                 with open(os.path.join(tools, tool), "w") as f:
                     f.write(text)
             before = {}  # object -> its bytes' SHA-256 as copied in
-            for blob in self.storage.list_blobs(bucket_name):
+            for blob in (blob for bucket in mounted for blob in bucket.list_blobs()):
                 path = os.path.join(mount, blob.name)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 blob.download_to_filename(path)
@@ -154,16 +182,21 @@ class Kube:
                 "KUBERNETES_SERVICE_PORT": port,
                 "STORAGE_EMULATOR_HOST": self.storage_url,  # stands in for the pod's Workload Identity
             }
-            done = subprocess.run(
-                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=EXEC_SECONDS
-            )
+            output = self.logs.setdefault(name, bytearray())
+            with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
+                killer = threading.Timer(EXEC_SECONDS, process.kill)
+                killer.start()
+                while chunk := process.stdout.read1(CHUNK):
+                    output += chunk
+                code = process.wait()
+                killer.cancel()
             for folder, _, files in os.walk(mount):
                 for file in files:
                     path = os.path.join(folder, file)
                     blob_name = os.path.relpath(path, mount)
                     if before.get(blob_name) != manifest.file_digest(path):  # new or changed, as FUSE writes it
-                        bucket.blob(blob_name).upload_from_filename(path)
-        return done.stdout, done.returncode == 0
+                        mounted[0].blob(blob_name).upload_from_filename(path)
+        return bytes(output), code
 
     def write_outputs(self, patterns: list[str]) -> None:
         """What a completed job leaves in the bucket for its declared outputs (globs: `*` as 4)."""
@@ -203,8 +236,15 @@ def _handler(kube: Kube, from_pods: bool = False):
             if not from_pods:
                 return True
             token = self.headers.get("Authorization", "").removeprefix("Bearer ")
-            path, verb = urlparse(self.path).path, VERBS.get(self.command, "")
+            url = urlparse(self.path)
+            path, verb = url.path, VERBS.get(self.command, "")
+            if verb == "get" and ((m := JOBSETS.match(path)) is None or not m[2]):
+                verb = "watch" if parse_qs(url.query).get("watch") == ["true"] else "list"
             kube.requests.append((token, verb, path))
+            if kube.garble.get(path, 0) > 0:  # a broken answer (a proxy's error page): the pod's client chokes
+                kube.garble[path] -= 1
+                self.send(200, b"<html>502 Bad Gateway</html>")
+                return False
             if kube.allowed(token, verb, path):
                 return True
             self.send(403, {"kind": "Status", "reason": "Forbidden", "code": 403})
@@ -250,6 +290,8 @@ def _handler(kube: Kube, from_pods: bool = False):
             return [{"metadata": meta, "spec": {"containers": containers}, "status": {"phase": phase}}]
 
         def log(self, name: str, query: dict) -> None:
+            if name in kube.logs and (kube.plays(name) or not kube.runs.get(name)):  # it runs, or ran, by itself
+                return self.stream(name, query.get("follow") == ["true"])
             runs = kube.runs.get(name) or []
             if not runs:  # the JobSet has ended: its last pod's log (tail)
                 return self.send(200, b"last line\n")
@@ -259,9 +301,9 @@ def _handler(kube: Kube, from_pods: bool = False):
                 return self.send(200, text)
             runs.pop(0)
             if run.end == "exec":
-                output, ok = kube.execute(name)
+                output, code = kube.execute(name)
                 self.send(200, output)
-                return kube.finish(name, "exec" if ok else "fail")
+                return kube.finish(name, "exec" if code == 0 else "fail")
             if run.end == "drop":  # announce more than is sent, then close: the client sees a broken stream
                 self.send(200, text, length=len(text) + 1000)
                 self.close_connection = True
@@ -272,6 +314,28 @@ def _handler(kube: Kube, from_pods: bool = False):
             elif run.end in ("complete", "fail"):
                 kube.finish(name, run.end)
 
+        def stream(self, name: str, follow: bool) -> None:
+            """What the command printed so far; following, in chunks as it prints, until it has ended (chunked
+            transfer encoding, as the API server streams a log)."""
+            if not follow:
+                return self.send(200, bytes(kube.logs[name]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            sent = 0
+            while True:
+                ended = name not in kube.jobsets or bool(kube.jobsets[name].get("status"))  # deleted: ended too
+                data = bytes(kube.logs[name][sent:])
+                if data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                sent += len(data)
+                if ended and sent == len(kube.logs[name]):
+                    self.wfile.write(b"0\r\n\r\n")
+                    return
+                threading.Event().wait(0.05)
+
         def do_POST(self):
             url = urlparse(self.path)
             body = self.body()
@@ -280,12 +344,15 @@ def _handler(kube: Kube, from_pods: bool = False):
                 if name in kube.jobsets:
                     return self.send(409, {"kind": "Status", "reason": "AlreadyExists", "code": 409})
                 body["metadata"]["creationTimestamp"] = STAMP
+                body["metadata"]["uid"] = f"uid-{len(kube.created)}"
                 kube.jobsets[name] = body
                 kube.created.append(name)
                 kube.runs[name] = list(kube.scripts[body["metadata"]["labels"]["tpu-rl/job"]])
                 kube.pods[name] = 1
+                kube.logs.pop(name, None)  # a new JobSet's pods have logs of their own
                 self.send(201, body)
-                if kube.autoplay:
+                if kube.plays(name):
+                    kube.logs[name] = bytearray()
                     threading.Thread(target=kube.play, args=(name,), daemon=True).start()
                 return None
             if m := CORE.match(url.path):
@@ -305,7 +372,11 @@ def _handler(kube: Kube, from_pods: bool = False):
 
         def do_DELETE(self):
             m = JOBSETS.match(urlparse(self.path).path)
-            self.body()
+            uid = (self.body().get("preconditions") or {}).get("uid")
+            if m[2] not in kube.jobsets:
+                return self.missing()
+            if uid and kube.jobsets[m[2]]["metadata"]["uid"] != uid:
+                return self.send(409, {"kind": "Status", "reason": "Conflict", "code": 409})
             kube.jobsets.pop(m[2], None)
             kube.deleted.append(m[2])
             self.send(200, {"kind": "Status", "status": "Success"})

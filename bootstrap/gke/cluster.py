@@ -1,15 +1,14 @@
-"""The gke backend's cluster, as gke/driving.py drives it: JobSets instead of runner folders.
+"""The gke backend's cluster, as gke/driving.py uses it: JobSets instead of runner folders.
 
-`Cluster` answers calls like `vm.machine.Vm`'s (install, prepare, states, launch, follow,
-tail), through the Kubernetes API with the official client, so that the VM driver's own
-graph (driver.Graph) skips, re-attaches and retries. A job's key is its JobSet's
-name. A job is done only when its JobSet completed and every declared output exists in
-Cloud Storage, and, for a job that names inputs (the Hub upload: the export's SHA256SUMS),
-only while they are what they were when it was created; the finished JobSet of a failed
-or stale attempt is deleted before the next one is created. Logs come from the job's
-head pod, streamed in chunks (bounded memory); a stream that ends while the JobSet runs
-(a restarted pod, a dropped watch) is followed again by the pipeline. The Hugging Face
-token goes into the Secret the JobSets name.
+`Cluster` answers calls like `vm.machine.Vm`'s (install, prepare, states, follow, tail)
+through the Kubernetes API with the official client, and starts the pipeline's driver in
+the cluster (driving, hand_over), which creates the jobs' JobSets itself. A job's key is
+its JobSet's name, and its state is jobset_state's rule, the driver's own: done only when
+its JobSet completed, every declared output exists in Cloud Storage and its inputs (the
+Hub upload's: the export's SHA256SUMS) are what they were when it was created. Logs come
+from a JobSet's head pod, streamed in chunks (bounded memory); a stream that ends while
+the JobSet runs (a restarted pod, a dropped watch) is followed again by the watcher. The
+Hugging Face token goes into the Secret the JobSets name.
 `fab download` and `fab metrics` read the bucket from this machine (results/transfer.py).
 """
 
@@ -28,7 +27,6 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
 from ..errors import UserError
-from ..jobs.plan import PlannedJob
 from ..paths import REPO
 from ..remote import jobset_state
 from ..results import runs, transfer
@@ -84,31 +82,27 @@ class Cluster:
     def states(self, keys: list[str]) -> list[JobStatus]:
         return [self._state(key) for key in keys]
 
-    def launch(self, job: PlannedJob) -> JobStatus:
-        """Create the job's JobSet; one that runs is left alone, one that ended is replaced (a retry)."""
-        try:
-            jobset_state.launch(job.runner_spec, self, self)
-        except (jobset_state.NoCheckpoint, TimeoutError) as err:
-            raise UserError(f"{self.name}: {err}") from None
-        return self._state(job.job_dir)
-
-    def hand_over(self, driver: dict) -> str:
-        """Start the pipeline's driver in the cluster (jobsets.driver_jobset). The driver of this same plan, if it
-        runs, is kept (the command again attaches to it); one driving another plan of the run is refused."""
+    def driving(self, driver: dict) -> bool:
+        """Whether the run's driver in the cluster runs this same plan (the command then attaches to it); one
+        that runs another plan of the run is refused, before anything is changed."""
         name = driver["metadata"]["name"]
         current = self.get(name)
-        if current is not None and jobset_state.verdict(current) is None:
-            if _digest(current) != _digest(driver):
-                raise UserError(
-                    f"{self.name}: the driver {NAMESPACE}/{name} runs another plan of this run (other jobs or "
-                    f"--arg); wait for it (fab status), or stop it: kubectl -n {NAMESPACE} delete jobset {name}"
-                )
-            return f"the cluster's driver {NAMESPACE}/{name} runs this pipeline already, kept"
+        if current is None or jobset_state.verdict(current) is not None:
+            return False
+        if _digest(current) != _digest(driver):
+            raise UserError(
+                f"{self.name}: the driver {NAMESPACE}/{name} runs another plan of this run (other jobs or --arg); "
+                f"wait for it (fab status), or stop it: kubectl -n {NAMESPACE} delete jobset {name} (the jobs it "
+                "started run on)"
+            )
+        return True
+
+    def hand_over(self, driver: dict) -> None:
+        """Start the pipeline's driver in the cluster (jobsets.driver_jobset), replacing the run's ended one."""
         try:
             jobset_state.launch(driver, self, self)
-        except TimeoutError as err:
+        except jobset_state.NotDeleted as err:
             raise UserError(f"{self.name}: {err}") from None
-        return f"handed the pipeline to the cluster: its driver is the JobSet {NAMESPACE}/{name}"
 
     def follow(self, key: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None) -> None:
         """The head pod's log until its stream ends; while no pod runs yet (queued by Kueue), a heartbeat."""
@@ -221,10 +215,12 @@ class Cluster:
         with contextlib.suppress(_Exists):
             self._call(self.custom.create_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, jobset)
 
-    def delete(self, name: str) -> None:
-        with contextlib.suppress(_NotFound):
-            self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, name,
-                       body=client.V1DeleteOptions(propagation_policy="Foreground"))  # fmt: skip
+    def delete(self, name: str, uid: str) -> None:
+        options = client.V1DeleteOptions(propagation_policy="Foreground", preconditions=client.V1Preconditions(uid=uid))
+        with contextlib.suppress(_NotFound, _Exists):  # gone, or replaced meanwhile (409: another uid)
+            self._call(
+                self.custom.delete_namespaced_custom_object, GROUP, VERSION, NAMESPACE, PLURAL, name, body=options
+            )
 
     def _put(self, create, replace, name: str, body) -> None:
         try:

@@ -22,6 +22,7 @@ from infra import topology
 from ..errors import UserError
 from ..jobs.load import RenderedJob
 from ..remote import manifest
+from ..remote.gke_driver import PIPELINE_FAILED
 from ..remote.jobset_state import INPUTS_ANNOTATION, OUTPUTS_ANNOTATION
 
 SECRET = "tpu-rl-hf-token"
@@ -170,8 +171,9 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
     return _one_pod_jobset(_metadata(job.name, job.outputs, target, run_name, {}), container, target)
 
 
-def _one_pod_jobset(metadata: dict, container: dict, target: Slice) -> dict:
-    """One pod on the CPU pool, the bucket and tpu-rl's tools mounted, never restarted (the pipeline retries)."""
+def _one_pod_jobset(metadata: dict, container: dict, target: Slice, bucket: bool = True) -> dict:
+    """One pod on the CPU pool, tpu-rl's tools (and the bucket) mounted, never restarted (the pipeline retries)."""
+    mounts, volumes = (CPU_MOUNTS, _cpu_volumes(target)) if bucket else ([TOOLS_MOUNT], [TOOLS_VOLUME])
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
@@ -188,13 +190,13 @@ def _one_pod_jobset(metadata: dict, container: dict, target: Slice) -> dict:
                             "completions": 1,
                             "parallelism": 1,
                             "template": {
-                                "metadata": {"annotations": {"gke-gcsfuse/volumes": "true"}},
+                                "metadata": {"annotations": {"gke-gcsfuse/volumes": "true"}} if bucket else {},
                                 "spec": {
                                     "serviceAccountName": SERVICE_ACCOUNT,
                                     "nodeSelector": {"cloud.google.com/gke-nodepool": CPU_POOL},
-                                    "containers": [{**container, "volumeMounts": CPU_MOUNTS}],
+                                    "containers": [{**container, "volumeMounts": mounts}],
                                     "restartPolicy": "Never",
-                                    "volumes": _cpu_volumes(target),
+                                    "volumes": volumes,
                                 },
                             },
                         }
@@ -238,7 +240,7 @@ def hub_jobset(name: str, folder: str, repo: str, flags: list[str], env: dict[st
 DRIVER_JOB = "pipeline"
 DRIVER_RESOURCES = {"cpu": "500m", "memory": "512Mi"}  # it polls a few JobSets and lists a few objects
 DRIVER_IDENTITY = "/driver"  # no job's name has a "/": never a job's JobSet
-DRIVER_RESTARTS = 3  # a driver that crashed (the API did not answer) is started again; its pass resumes
+DRIVER_RESTARTS = 3  # a driver that crashed (the API away too long) is started again: a new pass adopts what runs
 
 
 def driver_name(run_name: str) -> str:
@@ -248,24 +250,27 @@ def driver_name(run_name: str) -> str:
 def driver_jobset(plan: dict, target: Slice, run_name: str) -> dict:
     """The pipeline's driver in the cluster (gke_driver.py): the plan fab checked, as data in its environment,
     under the service account that may manage this namespace's JobSets. Its pod is started again after a
-    crash or a node's disruption (it adopts what runs), never after the pipeline failed (exit 1: the next
-    fab train retries, as on the VM)."""
+    crash or a node's disruption (a new pass adopts what runs), never after the pipeline failed (exit
+    PIPELINE_FAILED: the next fab train retries, as on the VM)."""
     container = {
         "name": "main",
-        "image": target.image,
-        "imagePullPolicy": "Always",
+        "image": target.image,  # for its python3: the driver's code is in the ConfigMap
+        "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{TOOLS_DIR}/gke_driver.py", SERVICE_ACCOUNT_DIR, NAMESPACE],
         "env": [{"name": "TPU_RL_PLAN", "value": _literal(json.dumps(plan, sort_keys=True))}],
         "resources": {"requests": DRIVER_RESOURCES, "limits": dict(DRIVER_RESOURCES)},
     }
     metadata = _metadata(DRIVER_JOB, [], target, run_name, {}, identity=DRIVER_IDENTITY)
     metadata["annotations"][PLAN_DIGEST_ANNOTATION] = plan["digest"]
-    jobset = _one_pod_jobset(metadata, container, target)
+    jobset = _one_pod_jobset(metadata, container, target, bucket=False)  # it reads the bucket's API, not a mount
     job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
     job["backoffLimit"] = DRIVER_RESTARTS
     job["podFailurePolicy"] = {
         "rules": [
-            {"action": "FailJob", "onExitCodes": {"containerName": "main", "operator": "In", "values": [1]}},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "main", "operator": "In", "values": [PIPELINE_FAILED]},
+            },
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }

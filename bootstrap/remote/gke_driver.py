@@ -10,13 +10,15 @@ Storage through the pod's Workload Identity. Its log is its events, one JSON obj
 
     gke_driver.py SERVICE_ACCOUNT_DIR NAMESPACE
 
-Exit 0: every job is done; 1: a job failed (the pipeline is over, as on the VM); 2: the
-driver itself failed (the API did not answer): its Job starts another pod, which adopts
-the JobSets that run.
+Exit 0: every job is done; 3: a job failed (the pipeline is over, as on the VM: the next
+fab train retries it); anything else (the API gone for longer than RETRY_SECONDS, a bug):
+the driver itself failed, and its Job starts another pod, whose new pass adopts the
+JobSets that run.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
@@ -35,8 +37,9 @@ except ImportError:
 
 POLL_SECONDS = 3
 TIMEOUT_SECONDS = 60
-RETRIES = 4
-PIPELINE_FAILED, DRIVER_FAILED = 1, 2
+RETRY_SECONDS = 900  # a zonal control plane is away for minutes while GKE upgrades it
+MAX_BACKOFF_SECONDS = 30
+PIPELINE_FAILED, DRIVER_FAILED = 3, 2  # jobsets.driver_jobset's podFailurePolicy ends the Job on the first
 
 
 class KubeApi:
@@ -55,13 +58,15 @@ class KubeApi:
     def create(self, jobset: dict) -> None:
         self._call("POST", "", jobset, exists_ok=True)
 
-    def delete(self, name: str) -> None:
-        self._call("DELETE", f"/{name}", {"propagationPolicy": "Foreground"}, missing_ok=True)
+    def delete(self, name: str, uid: str) -> None:
+        body = {"propagationPolicy": "Foreground", "preconditions": {"uid": uid}}
+        self._call("DELETE", f"/{name}", body, missing_ok=True, exists_ok=True)  # 409: replaced meanwhile
 
     def _call(self, method: str, path: str, body: dict | None = None, missing_ok=False, exists_ok=False):
         """One request with a fresh token (the kubelet rotates it); a 429, a 5xx or a dropped connection is
-        tried again, with backoff."""
-        for attempt in range(RETRIES + 1):
+        tried again, with backoff, for RETRY_SECONDS."""
+        deadline, attempt = time.monotonic() + RETRY_SECONDS, 0
+        while True:
             with open(self.token_file) as f:
                 token = f.read().strip()
             headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
@@ -75,12 +80,19 @@ class KubeApi:
             except urllib.error.HTTPError as err:
                 if err.code == 404 and missing_ok or err.code == 409 and exists_ok:
                     return None
-                if (err.code != 429 and err.code < 500) or attempt == RETRIES:
+                if err.code != 429 and err.code < 500:
+                    raise Refused(f"{method} {path or 'jobsets'}: {err.code} {err.reason}") from None
+                if time.monotonic() > deadline:
                     raise
-            except (urllib.error.URLError, TimeoutError, ConnectionError):
-                if attempt == RETRIES:
+            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException):
+                if time.monotonic() > deadline:
                     raise
-            time.sleep(2**attempt)
+            time.sleep(min(2**attempt, MAX_BACKOFF_SECONDS))
+            attempt += 1
+
+
+class Refused(Exception):
+    """The API refused a request for good (a 4xx: a webhook's or a schema's verdict, or RBAC)."""
 
 
 class CloudStorage:
@@ -107,8 +119,8 @@ def drive(plan: dict, api: jobset_state.Api, bucket: jobset_state.Bucket) -> Pip
     def launch(job: dict) -> str | None:
         try:
             jobset_state.launch(job["manifest"], api, bucket)
-        except (jobset_state.NoCheckpoint, TimeoutError) as err:
-            return str(err)
+        except (jobset_state.NoCheckpoint, jobset_state.NotDeleted, Refused) as err:
+            return str(err)  # this job fails; what does not need it runs on
         return None
 
     graph = Graph(plan["jobs"], state_of, launch, lambda: [], emit)
@@ -119,14 +131,19 @@ def drive(plan: dict, api: jobset_state.Api, bucket: jobset_state.Bucket) -> Pip
     return graph.outcome
 
 
-def main(argv: list[str]) -> int:
-    account_dir, namespace = argv
+def exit_code(plan: dict, api: jobset_state.Api, bucket: jobset_state.Bucket) -> int:
+    """The pass's outcome as the driver's Job reads it (its podFailurePolicy): done, failed, or crashed."""
     try:
-        outcome = drive(json.loads(os.environ["TPU_RL_PLAN"]), KubeApi(account_dir, namespace), CloudStorage())
-    except OSError as err:  # the API or the bucket did not answer, after retries
-        emit({"event": "driver-failed", "error": f"{type(err).__name__}: {err}"})
+        outcome = drive(plan, api, bucket)
+    except Exception as err:  # the API or the bucket away for too long, or a bug: this pod, not the pipeline
+        emit({"event": "note", "job": "driver", "message": f"stopped ({type(err).__name__}: {err}); restarting"})
         return DRIVER_FAILED
     return 0 if outcome is PipelineState.DONE else PIPELINE_FAILED
+
+
+def main(argv: list[str]) -> int:
+    account_dir, namespace = argv
+    return exit_code(json.loads(os.environ["TPU_RL_PLAN"]), KubeApi(account_dir, namespace), CloudStorage())
 
 
 if __name__ == "__main__":

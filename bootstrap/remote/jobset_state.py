@@ -1,8 +1,8 @@
 """What a JobSet means for its job, from the JobSet and the bucket: one rule for fab and for the cluster's driver.
 
 Standard library only: gke_driver.py runs it in the cluster, cluster.py on this machine,
-each with its own view of the bucket (`Bucket`: the Cloud Storage client here, the
-bucket's mount there). A job is done only when its JobSet completed and every declared
+each with its own clients (`Api`, `Bucket`: the official ones here, the JSON APIs
+through gcs.py and urllib there). A job is done only when its JobSet completed and every declared
 output exists, and, for a job that names inputs (the Hub upload: the export's
 SHA256SUMS), only while they are what they were when its JobSet was created.
 """
@@ -50,12 +50,17 @@ class Api(Protocol):
     def create(self, jobset: dict) -> None:
         """Create it; one of that name created meanwhile (by another driver) is left as it is."""
 
-    def delete(self, name: str) -> None:
-        """Delete it (its child Jobs and pods with it); one already gone is fine."""
+    def delete(self, name: str, uid: str) -> None:
+        """Delete that JobSet (its child Jobs and pods first), only if it is still the one with `uid`; one
+        already gone, or replaced meanwhile, is fine."""
 
 
 class NoCheckpoint(LookupError):
     """A job names ${latest_step:...} of a folder with no steps yet (its train is not done)."""
+
+
+class NotDeleted(RuntimeError):
+    """An ended JobSet was still there long after it was deleted (a stuck finalizer)."""
 
 
 def state(jobset: Mapping | None, bucket: Bucket) -> dict:
@@ -99,12 +104,15 @@ def launch(manifest: Mapping, api: Api, bucket: Bucket, timeout: float = DELETE_
     if current is not None:
         if verdict(current) is None:
             return
-        api.delete(name)
+        uid = current["metadata"]["uid"]
+        api.delete(name, uid)  # only that one: never a retry another driver created meanwhile
         deadline = time.monotonic() + timeout
-        while api.get(name) is not None:
+        while (current := api.get(name)) is not None and current["metadata"]["uid"] == uid:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the old JobSet {name} was not deleted within {timeout:.0f} s")
+                raise NotDeleted(f"the old JobSet {name} was not deleted within {timeout:.0f} s")
             time.sleep(1)
+        if current is not None:  # another driver's retry: adopt it
+            return
     api.create(to_create(manifest, bucket))
 
 

@@ -33,7 +33,7 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
     if isinstance(session.vm, Vm):
         pipeline.run(session, jobs, task, detach, prepare)
     else:
-        gke_driving.run(session, jobs, detach, prepare)
+        gke_driving.run(session, jobs, task, detach, prepare)
     if detach:
         return
     if only is None:

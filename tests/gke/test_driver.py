@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,12 +95,24 @@ def fab(cluster, tmp_path, gcs_emulator):
         "COLUMNS": "200",
     }
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        fab = str(Path(sys.executable).with_name("fab"))
-        command = [fab, "-r", str(REPO), *args]
-        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    command = [str(Path(sys.executable).with_name("fab")), "-r", str(REPO)]
 
-    run.kube, run.hub, run.token = kube, hub, token
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*command, *args], env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
+
+    def popen(*args: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [*command, *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+
+    run.kube, run.hub, run.token, run.popen = kube, hub, token, popen
     return run
 
 
@@ -108,6 +121,7 @@ def script(kube, train: list[Run] | None = None) -> None:
         convert=[Run(log("convert"), "complete")],
         train=train or [Run(log("train"), "complete")],
         export=[Run(log("export"), "complete")],
+        pipeline=[Run([], "exec")],  # the driver in the cluster: gke_driver.py, really run
     )
 
 
@@ -116,7 +130,8 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
     script(fab.kube, [Run(lines[:150], "restart"), Run(lines[150:160], "drop"), Run(lines, "complete")])
     result = fab("train", "--run-name", "r1")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert fab.kube.created == [js("convert", "r1"), js("train", "r1"), js("export", "r1")]  # once each, in order
+    driver = jobsets.driver_name("r1")
+    assert fab.kube.created == [driver, js("convert", "r1"), js("train", "r1"), js("export", "r1")]  # once each
     assert (
         fab.kube.pods[js("train", "r1")] == 2 and not fab.kube.runs[js("train", "r1")]
     )  # restarted pod, dropped watch: followed on
@@ -138,7 +153,7 @@ def test_a_run_goes_through_pod_restart_and_lost_watch_then_is_a_no_op(fab):
 
     again = fab("train", "--run-name", "r1")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("done already") == 3 and len(fab.kube.created) == 3
+    assert again.stdout.count("done already") == 3 and fab.kube.created[4:] == [driver]  # a new pass, no job
 
     status = fab("status", "--run-name", "r1")
     assert status.returncode == 0 and status.stdout.count("done") >= 3
@@ -191,23 +206,15 @@ def test_a_failed_jobset_is_reported_then_replaced_on_retry(fab):
     retried = fab("train", "--run-name", "r2")
     assert retried.returncode == 0, retried.stdout + retried.stderr
     assert "train: last attempt failed (a pod failed), retrying" in retried.stdout
-    assert fab.kube.deleted == [js("train", "r2")] and fab.kube.created.count(js("train", "r2")) == 2
+    assert fab.kube.deleted == [jobsets.driver_name("r2"), js("train", "r2")]  # the ended driver, the failed train
+    assert fab.kube.created.count(js("train", "r2")) == 2
 
 
 def test_a_jobset_completed_without_its_outputs_is_not_done(fab):
     script(fab.kube)
-    fab.kube.scripts["convert"] = [Run(log("convert"), "complete")]
-    original = fab.kube.finish
-
-    def finish_without_outputs(name, end):
-        original(name, end)
-        if name == js("convert", "r3"):
-            for pattern in fab.kube.jobsets[name]["metadata"]["annotations"]["tpu-rl/outputs"].split():
-                bucket, _, prefix = pattern.removeprefix("gs://").partition("/")
-                for blob in fab.kube.storage.list_blobs(bucket, prefix=prefix):
-                    blob.delete()
-
-    fab.kube.finish = finish_without_outputs
+    for blob in fab.kube.storage.list_blobs("my-results"):  # the converted model is shared by runs: none yet
+        blob.delete()
+    fab.kube.without_outputs.add("convert")
     result = fab("train", "--run-name", "r3")
     assert result.returncode == 2
     assert "convert failed" in result.stderr and "it completed without gs://my-results/" in result.stderr
@@ -288,13 +295,13 @@ def test_detach_hands_the_pipeline_to_a_driver_in_the_cluster_that_finishes_it_w
     export and the Hub upload, each once its needs are done, and the Hub ends up with what export left."""
     repo = "tester/grpo-unattended"
     with_hub_repo(tmp_path, repo)
-    fab.kube.autoplay = True  # pods run by themselves; no fab follows their logs
+    fab.kube.autoplay |= {"convert", "train", "export", "publish-hub"}  # pods run by themselves; no fab follows
     script(fab.kube)
     fab.kube.scripts.update(pipeline=[Run([], "exec")], **{"publish-hub": [Run([], "exec")]})
     detached = fab("train", "--run-name", "r6", "--detach")
     assert detached.returncode == 0, detached.stdout + detached.stderr
     driver = jobsets.driver_name("r6")
-    assert f"handed the pipeline to the cluster: its driver is the JobSet tpu-rl/{driver}" in detached.stdout
+    assert f"pipeline started in the cluster, driven by the JobSet tpu-rl/{driver}" in detached.stdout
     assert fab.kube.created[0] == driver
 
     wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
@@ -318,25 +325,26 @@ def test_detach_hands_the_pipeline_to_a_driver_in_the_cluster_that_finishes_it_w
 
     again = fab("train", "--run-name", "r6")
     assert again.returncode == 0, again.stdout + again.stderr
-    assert again.stdout.count("done already") == 4 and len(fab.kube.created) == 5
+    assert again.stdout.count("done already") == 4 and fab.kube.created[5:] == [driver]  # a new pass, no job
     status = fab("status", "--run-name", "r6")
     assert status.returncode == 0 and f"pipeline: done in the cluster by the JobSet tpu-rl/{driver}" in status.stdout
 
 
-def test_a_run_driven_in_the_cluster_is_not_driven_from_here_too(fab):
-    """While the cluster's driver runs a plan: the same --detach keeps it, another plan is refused, and fab
-    train without --detach (which would drive the same JobSets from here) is refused in one line."""
+def test_one_driver_per_run_the_same_plan_again_attaches_another_is_refused(fab):
+    """While the run's driver runs in the cluster, the same --detach keeps it, and another plan of the run is
+    refused, attached or detached, before anything is created."""
     script(fab.kube)
     fab.kube.scripts["pipeline"] = []  # its pod runs on and on
     assert fab("train", "--run-name", "r7", "--detach").returncode == 0
     driver = jobsets.driver_name("r7")
     same = fab("train", "--run-name", "r7", "--detach")
-    assert same.returncode == 0 and f"the cluster's driver tpu-rl/{driver} runs this pipeline already" in same.stdout
-    other = fab("train", "--run-name", "r7", "--detach", "--arg", "train.steps=3")
-    assert other.returncode == 2 and f"the driver tpu-rl/{driver} runs another plan of this run" in other.stderr
-    attached = fab("train", "--run-name", "r7")
-    assert attached.returncode == 2
-    assert f"run r7: its pipeline is driven in the cluster by the JobSet tpu-rl/{driver}" in attached.stderr
+    assert (
+        same.returncode == 0
+        and f"attached to the pipeline in the cluster: its driver is the JobSet tpu-rl/{driver}" in same.stdout
+    )
+    for detach in (["--detach"], []):
+        other = fab("train", "--run-name", "r7", *detach, "--arg", "train.steps=3")
+        assert other.returncode == 2 and f"the driver tpu-rl/{driver} runs another plan of this run" in other.stderr
     assert fab.kube.created == [driver]  # nothing else was started
     status = fab("status", "--run-name", "r7")
     assert f"pipeline: running in the cluster, driven by the JobSet tpu-rl/{driver}" in status.stdout
@@ -346,7 +354,7 @@ def test_a_job_failing_in_the_clusters_pipeline_ends_it_and_the_next_detach_retr
     """The driver in the cluster stops at a failed train (export is never created, the driver's pod fails,
     fab status says so); the next fab train --detach replaces the ended driver, whose pass keeps convert
     and retries train, then runs export."""
-    fab.kube.autoplay = True
+    fab.kube.autoplay |= {"convert", "train", "export"}
     script(fab.kube, [Run(log("train")[:150], "fail")])
     fab.kube.scripts["pipeline"] = [Run([], "exec")]
     assert fab("train", "--run-name", "r8", "--detach").returncode == 0
@@ -365,3 +373,45 @@ def test_a_job_failing_in_the_clusters_pipeline_ends_it_and_the_next_detach_retr
     assert fab.kube.jobsets[driver]["status"]["conditions"][0]["type"] == "Completed"
     assert fab.kube.deleted == [driver, js("train", "r8")]  # the ended driver, then the failed train
     assert fab.kube.created[3:] == [driver, js("train", "r8"), js("export", "r8")]  # convert kept
+
+
+def test_a_driver_that_crashed_is_started_again_and_adopts_the_running_train(fab):
+    """The driver's pod crashes while train runs (the API answers garbage once); its Job starts another pod
+    (podFailurePolicy: a crash is not the pipeline's failure), whose pass adopts train instead of starting
+    it again, then runs export; fab, watching all along, shows it through."""
+    fab.kube.autoplay |= {"convert", "train", "export"}
+    fab.kube.hold["train"] = threading.Event()  # train runs until released
+    script(fab.kube)
+    train = js("train", "r9")
+    fab.kube.garble[f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/tpu-rl/jobsets/{train}"] = 0
+    watching = fab.popen("train", "--run-name", "r9")
+    driver = jobsets.driver_name("r9")
+    wait_until(lambda: train in fab.kube.jobsets, "train was created")
+    fab.kube.garble[f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/tpu-rl/jobsets/{train}"] = 1
+    wait_until(lambda: b"train: already running since" in fab.kube.logs[driver], "the new pass adopted train")
+    assert fab.kube.pods[driver] == 2  # a second pod of the driver's Job
+    fab.kube.hold["train"].set()
+    out, err = watching.communicate(timeout=120)
+    assert watching.returncode == 0, out + err
+    assert "driver: stopped (JSONDecodeError" in out and "train: already running since" in out, out
+    assert fab.kube.created == [driver, js("convert", "r9"), train, js("export", "r9")]  # train once
+    assert fab.kube.jobsets[driver]["status"]["conditions"][0]["type"] == "Completed"
+
+
+def test_fab_killed_while_watching_loses_nothing_the_cluster_runs_the_rest(fab):
+    """fab train SIGKILLed during convert (the laptop closed): train and export are still created, once each,
+    by the driver in the cluster, and the next fab train finds them done."""
+    fab.kube.autoplay |= {"convert", "train", "export"}
+    fab.kube.hold["convert"] = threading.Event()
+    script(fab.kube)
+    watching = fab.popen("train", "--run-name", "r10")
+    wait_until(lambda: js("convert", "r10") in fab.kube.jobsets, "convert was created")
+    watching.kill()
+    watching.communicate(timeout=60)
+    assert js("train", "r10") not in fab.kube.created  # fab went while convert still ran
+    fab.kube.hold["convert"].set()
+    driver = jobsets.driver_name("r10")
+    wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
+    assert fab.kube.created == [driver, js("convert", "r10"), js("train", "r10"), js("export", "r10")]
+    again = fab("train", "--run-name", "r10")
+    assert again.returncode == 0 and again.stdout.count("done already") == 3, again.stdout + again.stderr
