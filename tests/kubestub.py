@@ -82,7 +82,8 @@ class Kube:
     ca: str = ""  # the API's certificate (PEM), the pods' ca.crt
     logs: dict[str, bytearray] = field(default_factory=dict)  # JobSet -> what its executed command printed
     requests: list[tuple[str, str, str]] = field(default_factory=list)  # (token, verb, path) from pods
-    garble: dict[str, int] = field(default_factory=dict)  # API path -> how many pod requests get a broken answer
+    unreachable: bool = False  # fab's requests get 503 (a laptop off the network, an API behind a dead VPN)
+    garble: dict[str, int] = field(default_factory=dict)  # API path -> how many pod requests get an empty object
 
     def token_of(self, account: str) -> str:
         return f"token-of-{account}"
@@ -233,6 +234,9 @@ def _handler(kube: Kube, from_pods: bool = False):
             """A pod's request (the HTTPS listener) passes RBAC first; fab's (a kubeconfig user) is let through."""
             if not super().parse_request():
                 return False
+            if not from_pods and kube.unreachable:  # fab's way to the API is down; the pods' is not
+                self.send(503, {"kind": "Status", "reason": "ServiceUnavailable", "code": 503})
+                return False
             if not from_pods:
                 return True
             token = self.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -241,9 +245,9 @@ def _handler(kube: Kube, from_pods: bool = False):
             if verb == "get" and ((m := JOBSETS.match(path)) is None or not m[2]):
                 verb = "watch" if parse_qs(url.query).get("watch") == ["true"] else "list"
             kube.requests.append((token, verb, path))
-            if kube.garble.get(path, 0) > 0:  # a broken answer (a proxy's error page): the pod's client chokes
+            if kube.garble.get(path, 0) > 0:  # an answer with no JobSet in it: a bug's stand-in, the driver chokes
                 kube.garble[path] -= 1
-                self.send(200, b"<html>502 Bad Gateway</html>")
+                self.send(200, {})
                 return False
             if kube.allowed(token, verb, path):
                 return True

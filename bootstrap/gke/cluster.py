@@ -6,8 +6,8 @@ the cluster (driving, hand_over), which creates the jobs' JobSets itself. A job'
 its JobSet's name, and its state is jobset_state's rule, the driver's own: done only when
 its JobSet completed, every declared output exists in Cloud Storage and its inputs (the
 Hub upload's: the export's SHA256SUMS) are what they were when it was created. Logs come
-from a JobSet's head pod, streamed in chunks (bounded memory); a stream that ends while
-the JobSet runs (a restarted pod, a dropped watch) is followed again by the watcher. The
+from a JobSet's head pod, streamed in chunks; a stream that ends while the JobSet runs
+(a dropped watch, then a restarted pod) is followed again by the watcher. The
 Hugging Face token goes into the Secret the JobSets name.
 `fab download` and `fab metrics` read the bucket from this machine (results/transfer.py).
 """
@@ -44,6 +44,7 @@ from .jobsets import (
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 HEAD_JOBS = ("pathways-head", "main")  # the replicated job whose pod runs the MaxText module
 POLL_SECONDS = 5
+POD_ENDED = ("Succeeded", "Failed")
 CHUNK = 64 * 1024
 
 
@@ -89,27 +90,38 @@ class Cluster:
         current = self.get(name)
         if current is None or jobset_state.verdict(current) is not None:
             return False
+        self._same_plan(current, driver)
+        return True
+
+    def hand_over(self, driver: dict) -> None:
+        """Start the pipeline's driver in the cluster (jobsets.driver_jobset), replacing the run's ended one;
+        one that another fab created for another plan at the same moment is refused as `driving` does."""
+        try:
+            jobset_state.launch(driver, self, self)
+        except jobset_state.NotDeleted as err:
+            raise UserError(f"{self.name}: {err}") from None
+        if (current := self.get(driver["metadata"]["name"])) is not None:
+            self._same_plan(current, driver)
+
+    def _same_plan(self, current: dict, driver: dict) -> None:
+        name = driver["metadata"]["name"]
         if _digest(current) != _digest(driver):
             raise UserError(
                 f"{self.name}: the driver {NAMESPACE}/{name} runs another plan of this run (other jobs or --arg); "
                 f"wait for it (fab status), or stop it: kubectl -n {NAMESPACE} delete jobset {name} (the jobs it "
                 "started run on)"
             )
-        return True
 
-    def hand_over(self, driver: dict) -> None:
-        """Start the pipeline's driver in the cluster (jobsets.driver_jobset), replacing the run's ended one."""
-        try:
-            jobset_state.launch(driver, self, self)
-        except jobset_state.NotDeleted as err:
-            raise UserError(f"{self.name}: {err}") from None
-
-    def follow(self, key: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None) -> None:
-        """The head pod's log until its stream ends; while no pod runs yet (queued by Kueue), a heartbeat."""
-        while (pod := self._head_pod(key)) is None:
+    def follow(
+        self, key: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None, read: str = ""
+    ) -> str:
+        """The head pod's log until its stream ends; while no pod runs yet (queued by Kueue), or only the pod
+        `read` already was (its JobSet's verdict still to come, or its Job's next pod), a heartbeat. Returns
+        the pod read to its end, if it had ended (else `read`: a dropped stream is read again)."""
+        while (pod := self._head_pod(key)) is None or pod.metadata.name == read:
             jobset = self.get(key)
-            if jobset is None or jobset_state.verdict(jobset) is not None:  # gone, or ended without a pod to read
-                return
+            if jobset is None or jobset_state.verdict(jobset) is not None:  # gone, or ended: nothing more to read
+                return read
             on_idle()
             time.sleep(POLL_SECONDS)
         try:
@@ -119,7 +131,10 @@ class Cluster:
             for line in lines(stream.stream(CHUNK)):
                 on_line(self.cleaner(line))
         except (ApiException, HTTPError, OSError):
-            return  # a dropped watch: the pipeline asks the state and follows again
+            return read  # a dropped watch: the caller asks the state and follows again
+        now = self._head_pod(key)
+        ended = now is not None and now.metadata.name == pod.metadata.name and now.status.phase in POD_ENDED
+        return pod.metadata.name if ended else read
 
     def tail(self, key: str, count: int, _file: str | None = None) -> list[str]:
         pod = self._head_pod(key)
@@ -201,7 +216,7 @@ class Cluster:
             pod
             for pod in pods
             if (pod.metadata.labels or {}).get("jobset.sigs.k8s.io/replicatedjob-name") in HEAD_JOBS
-            and pod.status.phase in ("Running", "Succeeded", "Failed")
+            and pod.status.phase in ("Running", *POD_ENDED)
         ]
         return max(heads, key=lambda pod: pod.metadata.creation_timestamp, default=None)
 

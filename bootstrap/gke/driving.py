@@ -23,14 +23,14 @@ from ..jobs.plan import PlannedJob
 from ..remote.driver import Action, clock
 from ..remote.jobrunner import JobState
 from ..session import Session
+from ..vm.machine import ConnectionLost
 from ..vm.progress import Board
-from ..vm.watch import Watcher
+from ..vm.watch import LOG_TAIL_LINES, Watcher
 from . import jobsets
 from .session import target_of
 
 POLL_SECONDS = 5
 FINISH_SECONDS = 60  # after the driver's last event: how long its pod, and the jobs' logs, may take to end
-LOG_TAIL_LINES = 30
 
 
 def entries(session: Session, jobs: list[PlannedJob]) -> list[dict]:
@@ -63,10 +63,14 @@ def items(session: Session, driver_name: str, keys: dict[str, str], on_idle) -> 
     finished, deadline = None, 0.0
 
     def follow(key: str, on_line, then: dict) -> None:
-        while True:  # a dropped watch or a restarted pod while the JobSet runs: follow again
-            cluster.follow(key, on_line, lambda: out.put({"idle": True}))
-            if cluster.states([key])[0].state is not JobState.RUNNING:
-                return out.put(then)
+        read = ""
+        try:
+            while True:  # a dropped watch or a restarted pod while the JobSet runs: follow again
+                read = cluster.follow(key, on_line, lambda: out.put({"idle": True}), read)
+                if cluster.states([key])[0].state is not JobState.RUNNING:
+                    return out.put(then)
+        except UserError as err:  # the API did not answer: the watching ends, not the pipeline
+            out.put({"lost": str(err)})
 
     def start(job: str) -> None:
         def line(text: str) -> None:
@@ -89,6 +93,8 @@ def items(session: Session, driver_name: str, keys: dict[str, str], on_idle) -> 
             item = {"idle": True}
         if "idle" in item:
             on_idle()
+        elif "lost" in item:
+            raise ConnectionLost(item["lost"])
         elif "over" in item:  # the driver's JobSet has ended (and its log has been read)
             break
         elif "read" in item:
@@ -108,7 +114,7 @@ def items(session: Session, driver_name: str, keys: dict[str, str], on_idle) -> 
         if finished is not None and time.monotonic() > deadline:  # its pod is slow to end: stop waiting
             break
     for follower in followers.values():  # nothing left reading when fab exits
-        follower.join(FINISH_SECONDS)
+        follower.join(max(0.0, deadline - time.monotonic()) if finished else FINISH_SECONDS)
     while not out.empty():  # what they read last, each job's lines before its end
         item = out.get()
         if "line" in item:
@@ -166,6 +172,10 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         try:
             for item in items(session, name, keys, watcher.tick):
                 watcher.feed(item)
+        except ConnectionLost as lost:
+            raise UserError(
+                f"{lost}: stopped watching; the pipeline goes on in the cluster. Watch it again: {session.hint(task)}"
+            ) from None
         except KeyboardInterrupt:
             raise StoppedWatching(
                 f"stopped watching; the pipeline goes on in the cluster. Watch it again: {session.hint(task)}"

@@ -172,7 +172,8 @@ def cpu_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
 
 
 def _one_pod_jobset(metadata: dict, container: dict, target: Slice, bucket: bool = True) -> dict:
-    """One pod on the CPU pool, tpu-rl's tools (and the bucket) mounted, never restarted (the pipeline retries)."""
+    """One pod on the CPU pool, tpu-rl's tools (and the bucket) mounted, not restarted (the pipeline retries;
+    the driver's own Job says otherwise)."""
     mounts, volumes = (CPU_MOUNTS, _cpu_volumes(target)) if bucket else ([TOOLS_MOUNT], [TOOLS_VOLUME])
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",

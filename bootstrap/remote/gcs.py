@@ -1,7 +1,7 @@
-"""Cloud Storage for the VM's runner: what is in the bucket, and small records written there.
+"""Cloud Storage for the VM's runner and the gke pipeline's driver: what is in the bucket, and small records.
 
 Standard library only (it runs before any environment exists), through the JSON API: the
-VM's service account token from the metadata server, or with STORAGE_EMULATOR_HOST (the
+VM's (or the pod's Workload Identity) service account token from the metadata server, or with STORAGE_EMULATOR_HOST (the
 variable google-cloud-storage reads) an emulator, without credentials. The big objects are
 MaxText's own business: it writes and reads its checkpoints in the bucket itself.
 """

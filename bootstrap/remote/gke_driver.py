@@ -63,10 +63,9 @@ class KubeApi:
         self._call("DELETE", f"/{name}", body, missing_ok=True, exists_ok=True)  # 409: replaced meanwhile
 
     def _call(self, method: str, path: str, body: dict | None = None, missing_ok=False, exists_ok=False):
-        """One request with a fresh token (the kubelet rotates it); a 429, a 5xx or a dropped connection is
-        tried again, with backoff, for RETRY_SECONDS."""
-        deadline, attempt = time.monotonic() + RETRY_SECONDS, 0
-        while True:
+        """One request with a fresh token (the kubelet rotates it), through `retrying`."""
+
+        def once():
             with open(self.token_file) as f:
                 token = f.read().strip()
             headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
@@ -82,13 +81,25 @@ class KubeApi:
                     return None
                 if err.code != 429 and err.code < 500:
                     raise Refused(f"{method} {path or 'jobsets'}: {err.code} {err.reason}") from None
-                if time.monotonic() > deadline:
-                    raise
-            except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException):
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(min(2**attempt, MAX_BACKOFF_SECONDS))
-            attempt += 1
+                raise
+
+        return retrying(once)
+
+
+def retrying(call):
+    """`call()`, tried again with backoff for RETRY_SECONDS while what fails may pass (a 429 or 5xx, a dropped
+    or cut connection, a TLS error, an answer that is not JSON: a proxy's error page); Refused is final."""
+    deadline, attempt = time.monotonic() + RETRY_SECONDS, 0
+    while True:
+        try:
+            return call()
+        except Refused:
+            raise
+        except (OSError, ValueError, http.client.HTTPException):
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(min(2**attempt, MAX_BACKOFF_SECONDS))
+        attempt += 1
 
 
 class Refused(Exception):
@@ -99,10 +110,10 @@ class CloudStorage:
     """The bucket as the pod's Workload Identity reads it (jobset_state.Bucket)."""
 
     def names(self, prefix: str) -> list[str]:
-        return gcs.names(prefix)
+        return retrying(lambda: gcs.names(prefix))
 
     def read_text(self, url: str) -> str | None:
-        data = gcs.read(url)
+        data = retrying(lambda: gcs.read(url))
         return None if data is None else data.decode("utf-8", "replace")
 
 

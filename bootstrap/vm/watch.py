@@ -1,7 +1,8 @@
 """Show a pipeline from what its driver reports: events and job log lines in, bars and a record out.
 
-The VM's driver streams them (driver.py follow); the gke backend's graph makes the same
-items on this machine. Either way one Watcher turns them into progress bars, one line
+The VM's driver streams them (driver.py follow); the gke backend's driver in the cluster
+logs the same events (gke/driving.py reads them, and the jobs' logs, from the pods). Either
+way one Watcher turns them into progress bars, one line
 per decision, the run record, and at the end the eval table and a summary with the
 chip-hours each job used, or the failed job's log and a hint that works as printed.
 """

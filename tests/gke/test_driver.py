@@ -376,7 +376,7 @@ def test_a_job_failing_in_the_clusters_pipeline_ends_it_and_the_next_detach_retr
 
 
 def test_a_driver_that_crashed_is_started_again_and_adopts_the_running_train(fab):
-    """The driver's pod crashes while train runs (the API answers garbage once); its Job starts another pod
+    """The driver's pod crashes while train runs (an answer it cannot use: a bug); its Job starts another pod
     (podFailurePolicy: a crash is not the pipeline's failure), whose pass adopts train instead of starting
     it again, then runs export; fab, watching all along, shows it through."""
     fab.kube.autoplay |= {"convert", "train", "export"}
@@ -393,7 +393,7 @@ def test_a_driver_that_crashed_is_started_again_and_adopts_the_running_train(fab
     fab.kube.hold["train"].set()
     out, err = watching.communicate(timeout=120)
     assert watching.returncode == 0, out + err
-    assert "driver: stopped (JSONDecodeError" in out and "train: already running since" in out, out
+    assert "driver: stopped (KeyError: 'metadata'); restarting" in out and "train: already running since" in out, out
     assert fab.kube.created == [driver, js("convert", "r9"), train, js("export", "r9")]  # train once
     assert fab.kube.jobsets[driver]["status"]["conditions"][0]["type"] == "Completed"
 
@@ -414,4 +414,25 @@ def test_fab_killed_while_watching_loses_nothing_the_cluster_runs_the_rest(fab):
     wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
     assert fab.kube.created == [driver, js("convert", "r10"), js("train", "r10"), js("export", "r10")]
     again = fab("train", "--run-name", "r10")
+    assert again.returncode == 0 and again.stdout.count("done already") == 3, again.stdout + again.stderr
+
+
+def test_the_api_lost_while_watching_ends_the_watch_in_one_line_and_the_pipeline_goes_on(fab):
+    """fab's way to the API breaks while train runs: fab stops watching with one line saying how to watch
+    again (no hang, no traceback), the driver carries on, and the next fab train finds everything done."""
+    fab.kube.autoplay |= {"convert", "train", "export"}
+    fab.kube.hold["train"] = threading.Event()
+    script(fab.kube)
+    watching = fab.popen("train", "--run-name", "r11")
+    wait_until(lambda: js("train", "r11") in fab.kube.jobsets, "train was created")
+    fab.kube.unreachable = True
+    out, err = watching.communicate(timeout=120)
+    assert watching.returncode == 2, out + err
+    assert "the Kubernetes API refused: 503" in err and "the pipeline goes on in the cluster" in err
+    assert "Traceback" not in err and "fab train --run-name r11" in err
+    fab.kube.unreachable = False
+    fab.kube.hold["train"].set()
+    driver = jobsets.driver_name("r11")
+    wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
+    again = fab("train", "--run-name", "r11")
     assert again.returncode == 0 and again.stdout.count("done already") == 3, again.stdout + again.stderr

@@ -3,6 +3,9 @@ Job's podFailurePolicy reads, so a failed job must end the Job and a crash must 
 
 from __future__ import annotations
 
+import ssl
+import urllib.error
+
 import pytest
 
 from bootstrap.gke import jobsets
@@ -108,3 +111,25 @@ def test_a_retry_replaces_only_the_failed_jobset_it_saw():
 
     jobset_state.launch(jobset("train"), Racing(), namespace, timeout=5)
     assert namespace.jobsets["train"]["metadata"]["uid"] == "theirs" and namespace.created == ["train"]
+
+
+def test_what_may_pass_is_tried_again_and_a_refusal_is_not(monkeypatch):
+    """A cut TLS stream, a proxy's HTML page or a 503 cost a retry, not the driver's pod; a 4xx is final."""
+    monkeypatch.setattr(gke_driver.time, "sleep", lambda seconds: None)
+    failures = [ssl.SSLEOFError(), ValueError("not JSON"), urllib.error.HTTPError("u", 503, "busy", {}, None)]
+
+    def flaky():
+        if failures:
+            raise failures.pop(0)
+        return "answer"
+
+    assert gke_driver.retrying(flaky) == "answer" and not failures
+    calls = []
+
+    def refused():
+        calls.append(1)
+        raise gke_driver.Refused("POST jobsets: 422 Unprocessable Entity")
+
+    with pytest.raises(gke_driver.Refused):
+        gke_driver.retrying(refused)
+    assert calls == [1]
