@@ -329,6 +329,9 @@ def _handler(kube: Kube, from_pods: bool = False):
             self.end_headers()
             sent = 0
             while True:
+                if kube.unreachable and not from_pods:  # the network is gone: so is the open stream
+                    self.close_connection = True
+                    return None
                 ended = name not in kube.jobsets or bool(kube.jobsets[name].get("status"))  # deleted: ended too
                 data = bytes(kube.logs[name][sent:])
                 if data:
