@@ -1,6 +1,7 @@
 """Validate a manifest against a CustomResourceDefinition's structural schema, as the API server would.
 
-The CRDs are the engine's own, verbatim at the pinned tags (../shared/reference/crds). Unknown fields
+The CRDs are the engine's own, verbatim at the pinned tags (tests/data/crds, with their provenance,
+license and SHA256SUMS, which every read checks). Unknown fields
 are errors (the API server prunes or rejects them), `x-kubernetes-int-or-string` takes either,
 `x-kubernetes-preserve-unknown-fields` keeps anything below it; patterns, lengths, item counts,
 int32/int64 bounds and list-map keys are checked. CEL rules are checked by the tests.
@@ -8,6 +9,7 @@ int32/int64 bounds and list-map keys are checked. CEL rules are checked by the t
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import cache
 
@@ -15,7 +17,7 @@ import yaml
 
 from bootstrap.paths import REPO
 
-CRDS = REPO.parent / "shared" / "reference" / "crds"  # shared/ lies beside the checkout, for CI too
+CRDS = REPO / "tests" / "data" / "crds"
 FILES = {
     "JobSet": "jobset-v0.10.1_jobset.x-k8s.io_jobsets.yaml",
     "ResourceFlavor": "kueue-v0.17.1_kueue.x-k8s.io_resourceflavors.yaml",
@@ -29,12 +31,20 @@ TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "number"
 @cache
 def schema(kind: str, api_version: str) -> dict:
     """The openAPIV3Schema of `kind` at the version `api_version` names; the version must be served."""
-    crd = yaml.safe_load((CRDS / FILES[kind]).read_text())
+    crd = yaml.safe_load(_verified(FILES[kind]))
     group, version = api_version.split("/")
     assert crd["spec"]["group"] == group, (kind, api_version)
     (found,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     assert found["served"], f"{api_version} {kind} is not served"
     return found["schema"]["openAPIV3Schema"]
+
+
+def _verified(name: str) -> str:
+    """A CRD file's text, once its SHA-256 matches SHA256SUMS: an edited copy is not the engine's schema."""
+    sums = dict(reversed(line.split()) for line in (CRDS / "SHA256SUMS").read_text().splitlines())
+    data = (CRDS / name).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == sums[name], f"{CRDS / name} differs from its upstream copy"
+    return data.decode()
 
 
 def errors(manifest: dict) -> list[str]:

@@ -23,7 +23,7 @@ START_SECONDS = 30
 
 
 def client_env(url: str) -> dict[str, str]:
-    """What points every client library at the emulator at `url` (../shared/reference/gcs_emulation.md)."""
+    """What points every client library at the emulator at `url`: each reads its own variable."""
     return {
         "STORAGE_EMULATOR_HOST": url,
         "FSSPEC_GCS_TOKEN": "anon",

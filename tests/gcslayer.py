@@ -1,9 +1,9 @@
 """What Cloud Storage does and gcp-storage-emulator does not, as a thin layer in front of it (tests only).
 
-tensorstore's OCDBT (orbax's checkpoints in MaxText) relies on three things the emulator lacks
-(`../shared/reference/gcs_emulation.md`): the `x-goog-generation` headers on reads, generation
-preconditions (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`, answered with
-412 or, for a read that matches, 304), and `startOffset`/`endOffset` on listings (without them
+tensorstore's OCDBT (orbax's checkpoints in MaxText) relies on three things the emulator lacks:
+the `x-goog-generation` headers on reads, generation preconditions (`ifGenerationMatch`,
+`ifGenerationNotMatch`, `ifMetagenerationMatch`, answered with 412 or, for a read that matches,
+304), and `startOffset`/`endOffset` on listings (without them
 `delete_existing` deletes the whole bucket). This layer adds those, from the emulator's own object
 metadata, and passes everything else through unchanged. A lock per object makes each check and the
 request it guards one step, as the service's preconditions are atomic (a resumable upload is checked

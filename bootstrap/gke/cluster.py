@@ -146,9 +146,11 @@ class Cluster:
         )
         return [self.cleaner(line) for line in text.splitlines()]
 
-    def download(self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None) -> dict[str, int]:
+    def download(
+        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None, required: bool = True
+    ) -> dict[str, int]:
         """A folder of the bucket that grows (TensorBoard events): what is here at its size is kept."""
-        return transfer.download(self, self.where(directory), local, on_file)
+        return transfer.download(self, self.where(directory), local, on_file, required)
 
     def download_verified(
         self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None

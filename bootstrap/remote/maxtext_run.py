@@ -9,7 +9,8 @@ own finalizer then waits for that lock forever. train_rl logs "RL Training Compl
 Successfully!" and never exits, so its job never ends. This closes the pool the graceful way
 (close + join: each worker takes its stop sentinel and exits) once the module returns, and
 otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
-failure with the pool open, the process ends at once with the module's status. Stdlib only.
+failure with the pool open, the process ends at once with the module's status. Before the module
+runs, the start is recorded where the job's environment says (attempts.py). Stdlib only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ import os
 import runpy
 import sys
 import traceback
+
+try:
+    from . import attempts  # on the laptop: bootstrap.remote.attempts
+except ImportError:
+    import attempts  # on the VM and in a pod: beside this script in the tools folder
 
 GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
 
@@ -42,6 +48,7 @@ def main(argv: list[str]) -> None:
     sys.path[0] = os.getcwd()  # what `python -m` puts first, not this script's folder
     if importlib.util.find_spec(module) is None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
+    attempts.record_start(dict(os.environ))
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:

@@ -79,37 +79,53 @@ def read_events(folder: Path) -> Series:
     }
 
 
-def attempts(folder: Path) -> list[dict]:
-    """Each start of train (one event file each, begun when it started): the training steps it logged and
-    when; a step counts from its loss or, written a step earlier, its rollout's metrics."""
-    found = []
-    for scalars, begun in _event_files(folder):
-        times: dict[int, float] = {}
-        for tag, events in scalars.items():
-            for step, wall, _ in events:
-                if tag == STEP_TAG:
-                    times[step] = wall
-                elif tag.startswith(ONE_STEP_BEHIND):
-                    times.setdefault(step + 1, wall)
-        if begun:
-            found.append({"begun": begun, "times": dict(sorted(times.items()))})
+def _step_times(scalars: Scalars) -> dict[int, float]:
+    """When each training step was logged: from its loss or, written a step earlier, its rollout's metrics."""
+    times: dict[int, float] = {}
+    for tag, events in scalars.items():
+        for step, wall, _ in events:
+            if tag == STEP_TAG:
+                times[step] = wall
+            elif tag.startswith(ONE_STEP_BEHIND):
+                times.setdefault(step + 1, wall)
+    return times
+
+
+def attempts(folder: Path, starts: list[dict]) -> list[dict]:
+    """Each start of train with the training steps its event files logged, and when. `starts` are the
+    durable records of the starts (attempts.py): a start whose events never reached the bucket (a lost
+    VM flushes nothing) still counts, with the step it resumed from. Without records (a run from before
+    they were kept) each event file counts as one start, begun when it was."""
+    files = [(_step_times(scalars), begun) for scalars, begun in _event_files(folder) if begun]
+    if not starts:
+        return [{"begun": begun, "resumed_from": None, "times": dict(sorted(t.items()))} for t, begun in files]
+    found = [{"begun": s["started"], "host": s["host"], "resumed_from": s["resumed_from"], "times": {}} for s in starts]
+    for times, _ in files:  # a file's steps belong to the last start before its first one
+        first = min(times.values(), default=0.0)
+        owner = max((a for a in found if a["begun"] <= first), key=lambda a: a["begun"], default=found[0])
+        owner["times"].update(times)
+    for attempt in found:
+        attempt["times"] = dict(sorted(attempt["times"].items()))
     return found
 
 
 def loss_cost(tries: list[dict]) -> dict:
-    """What the losses cost: each step a start trained that a later start trained again, with the minutes
-    that step took, and the minutes each later start took to reach its first step. A lost VM's steps
-    after its last written event are in no file: the counts are at least these."""
+    """What the losses cost: each step a start trained that the next start trained again (those after the
+    step it resumed from, or, without records, those a later start logged too), with the minutes that
+    step took, and the minutes each later start took to reach its first step. A lost VM's steps after
+    its last written event are in no file: the counts are at least these."""
     redone, minutes_redone = 0, 0.0
-    for i, earlier in enumerate(tries):
+    for i, earlier in enumerate(tries[:-1]):
+        resumed = tries[i + 1]["resumed_from"]
         trained_later = {step for later in tries[i + 1 :] for step in later["times"]}
         for step, took in _step_seconds(earlier["times"]).items():
-            if step in trained_later:
+            if step > resumed if resumed is not None else step in trained_later:
                 redone += 1
                 minutes_redone += took / 60
     restarting = sum(min(later["times"].values()) - later["begun"] for later in tries[1:] if later["times"]) / 60
     return {
         "attempts": len(tries),
+        "resumed_from": [attempt["resumed_from"] for attempt in tries],
         "steps_redone": redone,
         "minutes_redone": round(minutes_redone, 2),
         "minutes_restarting": round(restarting, 2),

@@ -31,10 +31,11 @@ class Source(Protocol):
         """Write the file at `path` to `target`."""
 
 
-def download(source: Source, directory: str, local: Path, on_file: OnFile) -> dict[str, int]:
-    """Copy a folder that grows in place: files here at the same size are kept."""
+def download(source: Source, directory: str, local: Path, on_file: OnFile, required: bool = True) -> dict[str, int]:
+    """Copy a folder that grows in place: files here at the same size are kept. An empty or missing folder
+    is an error unless not `required`."""
     files = source.list_files(directory)
-    if not files:
+    if not files and required:
         raise UserError(f"{source.name}: nothing to download in {directory}")
     for path, size in sorted(files.items()):
         target = _inside(local, path, f"{source.name}:{directory}")

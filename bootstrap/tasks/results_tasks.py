@@ -8,6 +8,7 @@ from pathlib import Path
 from fabric import task
 
 from ..errors import UserError
+from ..remote import attempts
 from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
 
 
@@ -25,20 +26,26 @@ def fetch_metrics(c, arg=None, run_name=None):
     events, source = folder / "tensorboard", train.progress["tensorboard_dir"]
     console.print(f"copying event files from {session.vm.where(source)}")
     session.vm.download(source, events)
+    starts = []
+    if records := train.env.get(attempts.DIR_ENV):
+        console.print(f"reading the records of train's starts in {session.vm.where(records)}")
+        session.vm.download(records, folder / "attempts", required=False)
+        starts = attempts.parse([path.read_text(errors="replace") for path in (folder / "attempts").glob("*.json")])
     series = metrics.read_events(events)
     metrics.write_csv(series, folder / "metrics.csv")
     metrics.write_evals_csv(record.evals, folder / "evals.csv")
     metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
     (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
-    losses = metrics.loss_cost(metrics.attempts(events))
+    losses = metrics.loss_cost(metrics.attempts(events, starts))
     metrics.summarize(record, folder / "summary.json", losses)
     steps = max((max(v) for v in series.values() if v), default=0)
     console.print(f"{len(series)} metrics over {steps} steps, {len(record.evals)} evals")
     if losses["attempts"] > 1:
+        resumed = ", ".join(f"step {step}" for step in losses["resumed_from"][1:] if step is not None)
         console.print(
-            f"train started {losses['attempts']} times: the losses cost at least {losses['steps_redone']} steps "
-            f"trained again ({losses['minutes_redone']:.1f} min) and {losses['minutes_restarting']:.1f} min of "
-            "starting again, from the events in the files"
+            f"train started {losses['attempts']} times{f' (resumed from {resumed})' if resumed else ''}: the losses "
+            f"cost at least {losses['steps_redone']} steps trained again ({losses['minutes_redone']:.1f} min) and "
+            f"{losses['minutes_restarting']:.1f} min of starting again"
         )
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")

@@ -36,6 +36,7 @@ TOOLS = (
     "evals.py",
     "maxtext_check.py",
     "maxtext_run.py",
+    "attempts.py",
     "hub_upload.py",
     "gcs_upload.py",
     "export_config.py",
@@ -360,16 +361,18 @@ class Vm:
         """How fab names a path it reads: in the bucket, or on this VM."""
         return path if gcs.is_gcs(path) else f"{self.name}:{path}"
 
-    def download(self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None) -> dict[str, int]:
+    def download(
+        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None, required: bool = True
+    ) -> dict[str, int]:
         """Copy a folder that grows in place (TensorBoard events); one in the bucket is first copied onto the
         VM, which reads the bucket with its service account."""
         if not gcs.is_gcs(directory):
-            return transfer.download(self, directory, local, on_file)
+            return transfer.download(self, directory, local, on_file, required)
         staging = self.layout.from_bucket(directory)
         self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
-        if not self.list_files(staging):
+        if not self.list_files(staging) and required:
             raise UserError(f"nothing to download in {directory}")
-        return transfer.download(self, staging, local, on_file)
+        return transfer.download(self, staging, local, on_file, required)
 
     def download_verified(
         self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None

@@ -5,12 +5,14 @@ answer) is exercised by the real CPU tier, whose rewards make the pool start."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 from bootstrap.paths import REPO
+from bootstrap.remote import attempts
 
 LAUNCHER = REPO / "bootstrap" / "remote" / "maxtext_run.py"
 
@@ -89,3 +91,35 @@ def test_a_failure_with_the_pool_open_ends_at_once_with_its_status(tmp_path):
     )
     assert result.returncode == 1
     assert "RuntimeError: training failed" in result.stderr
+
+
+def test_each_start_is_recorded_before_the_module_runs_with_the_step_it_resumes_from(tmp_path):
+    """The record is there when the trainer starts (a VM lost at any later point keeps it), and names the
+    last committed checkpoint step: folders 1 and 2 are committed, 3.orbax-checkpoint-tmp is not."""
+    checkpoints = tmp_path / "run" / "checkpoints" / "actor"
+    for name in ("1", "2", "3.orbax-checkpoint-tmp-123"):
+        (checkpoints / name).mkdir(parents=True)
+    records = tmp_path / "run" / "attempts"
+    (tmp_path / "entry.py").write_text(
+        "import json, pathlib, sys\n"
+        f"found = [json.loads(p.read_text()) for p in pathlib.Path({str(records)!r}).glob('*.json')]\n"
+        "print(json.dumps(found))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", attempts.DIR_ENV: str(records), attempts.CHECKPOINTS_ENV: str(checkpoints)}
+    for _ in range(2):
+        result = subprocess.run(
+            [sys.executable, LAUNCHER, "entry"], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)  # what the second start saw as it began: both starts' records
+    assert [record["resumed_from"] for record in seen] == [2, 2]
+    assert len(attempts.parse([p.read_text() for p in records.glob("*.json")])) == 2
+
+
+def test_a_start_that_cannot_be_recorded_still_trains_and_says_why(tmp_path):
+    (tmp_path / "in-the-way").write_text("a file where the records' folder would be")
+    (tmp_path / "entry.py").write_text("print('trained')\n")
+    env = {"PATH": "/usr/bin:/bin", attempts.DIR_ENV: str(tmp_path / "in-the-way" / "attempts")}
+    result = subprocess.run([sys.executable, LAUNCHER, "entry"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout == "trained\n"
+    assert "[tpu-rl] could not record this start in" in result.stderr

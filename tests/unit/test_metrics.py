@@ -7,6 +7,7 @@ import time
 import pytest
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+from bootstrap.remote import attempts
 from bootstrap.results import metrics
 from bootstrap.results.runs import RunRecord
 from tests import tbevents
@@ -114,15 +115,16 @@ def test_summary_has_durations(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "summary.json").read_text())["evals"][2]["accuracy"] == 65.0
 
 
-def attempts_of(folder, starts: list[tuple[range, float]]) -> list[dict]:
-    """One event file per start: its steps, each 10 s after the one before, from `begin`."""
+def attempts_of(folder, starts: list[tuple[range, float]], records: list[dict] = ()) -> list[dict]:
+    """One event file per start: its steps, each 10 s after the one before, from `begin`; `records`: the
+    durable records of the starts (attempts.py), as their texts."""
     folder.mkdir(exist_ok=True)
     for steps, begin in starts:
         events = [scalar_event(step, "actor/train/loss", 0.5) for step in steps]
         for event, step in zip(events, steps, strict=True):
             event.wall_time = begin + 10 * step
         tbevents.write(folder, events)
-    return metrics.attempts(folder)
+    return metrics.attempts(folder, attempts.parse([json.dumps(record) for record in records]))
 
 
 def test_what_a_loss_cost_is_read_from_the_attempts_event_files(tmp_path):
@@ -138,6 +140,7 @@ def test_what_a_loss_cost_is_read_from_the_attempts_event_files(tmp_path):
     assert cost["minutes_restarting"] == pytest.approx((base + 1040 - begun) / 60, abs=0.01)
     assert metrics.loss_cost(tries[:1]) == {
         "attempts": 1,
+        "resumed_from": [None],
         "steps_redone": 0,
         "minutes_redone": 0.0,
         "minutes_restarting": 0.0,
@@ -159,7 +162,38 @@ def test_an_empty_event_file_is_no_attempt_and_a_rollout_is_its_step(tmp_path):
     folder.mkdir()
     (folder / "events.out.tfevents.1700000000.lost-vm").write_bytes(b"")
     tbevents.write(folder, [scalar_event(step, "actor/train/loss", 0.5) for step in (1, 2)])
-    assert [sorted(t["times"]) for t in metrics.attempts(folder)] == [[1, 2]]
+    assert [sorted(t["times"]) for t in metrics.attempts(folder, [])] == [[1, 2]]
     tbevents.write(folder, [scalar_event(0, "rewards/train/score/mean", 0.5)])  # lost after step 1's rollout
-    assert [sorted(t["times"]) for t in metrics.attempts(folder)] == [[1, 2], [1]]
+    assert [sorted(t["times"]) for t in metrics.attempts(folder, [])] == [[1, 2], [1]]
     assert sorted(metrics.read_events(folder)["actor/train/loss"]) == [1, 2]
+
+
+def test_a_start_whose_events_never_reached_the_bucket_still_counts_from_its_durable_record(tmp_path):
+    """A lost VM flushed none of its first start's events: only the second start's file is there. The
+    records say two starts, the second resumed from step 2 (committed by the first): nothing redone,
+    and its restart counted from when it began, not from its event file."""
+    base = time.time()
+    records = [
+        {"started": base, "host": "vm-1", "resumed_from": 0},
+        {"started": base + 1000, "host": "vm-2", "resumed_from": 2},
+        "{half a rec",  # a record cut short is none
+    ]
+    tries = attempts_of(tmp_path / "tensorboard", [(range(3, 5), base + 1100)], records)
+    assert [(t["host"], t["resumed_from"], sorted(t["times"])) for t in tries] == [("vm-1", 0, []), ("vm-2", 2, [3, 4])]
+    cost = metrics.loss_cost(tries)
+    assert cost["attempts"] == 2 and cost["resumed_from"] == [0, 2] and cost["steps_redone"] == 0
+    assert cost["minutes_restarting"] == pytest.approx((base + 1130 - (base + 1000)) / 60, abs=0.01)
+
+
+def test_steps_after_the_step_the_next_start_resumed_from_were_trained_again(tmp_path):
+    """The first start logged 1-5 (its file reached the bucket) and the second resumed from step 3: steps 4
+    and 5 were redone, whatever the second start's own file holds."""
+    base = time.time()
+    records = [
+        {"started": base, "host": "a", "resumed_from": 0},
+        {"started": base + 500, "host": "b", "resumed_from": 3},
+    ]
+    cost = metrics.loss_cost(
+        attempts_of(tmp_path / "tensorboard", [(range(1, 6), base), (range(6, 8), base + 600)], records)
+    )
+    assert cost["steps_redone"] == 2 and cost["minutes_redone"] == pytest.approx(20 / 60, abs=0.01)

@@ -113,7 +113,14 @@ def test_export_argv_matches_reference_but_finds_the_last_step_itself(jobs):
 
 
 def test_train_environment(jobs):
-    assert jobs["train"].env == {"HF_HOME": "~/.cache/huggingface", **TRAIN_ENV}
+    run_dir = f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}"
+    assert jobs["train"].env == {
+        "HF_HOME": "~/.cache/huggingface",
+        **TRAIN_ENV,
+        # tpu-rl's own: where each start is recorded, and whose last committed step it resumes from
+        "TPU_RL_ATTEMPTS_DIR": f"{run_dir}/attempts",
+        "TPU_RL_CHECKPOINT_DIR": f"{run_dir}/checkpoints/actor",
+    }
 
 
 def test_token_only_as_a_declared_secret(jobs):

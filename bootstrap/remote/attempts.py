@@ -1,0 +1,71 @@
+"""Each start of a trainer, recorded where its checkpoints are before it trains: durable by construction.
+
+A trainer's TensorBoard writer buffers in its process, and a VM that disappears flushes nothing, so a
+lost attempt may leave no event file in the bucket at all. Counting starts from event files then
+under-counts exactly when a loss happened. Instead, the job's launcher (maxtext_run.py) writes one
+small record per start into the folder its environment names, beside the checkpoints (in the bucket
+when they are there): when it began, on which host, and the last committed checkpoint step it resumes
+from. `fab metrics` counts the attempts and the steps each trained from these records; the event
+files still give the curves and the step times.
+
+Standard library only: it runs on the VM and in a gke pod, with the job's own python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+try:
+    from . import gcs, jobrunner  # on the laptop: bootstrap.remote
+except ImportError:
+    import gcs  # on the VM and in a pod: beside this script in the tools folder
+    import jobrunner
+
+DIR_ENV = "TPU_RL_ATTEMPTS_DIR"  # where the records go (the job's YAML sets it)
+CHECKPOINTS_ENV = "TPU_RL_CHECKPOINT_DIR"  # whose last committed step a start resumes from
+
+
+def record_start(environ: dict[str, str]) -> str | None:
+    """Write this start's record (before any training) and return where; None when the job asks for none.
+    A record that cannot be written is said on stderr and does not stop the job: it is accounting."""
+    folder = environ.get(DIR_ENV, "").rstrip("/")
+    if not folder:
+        return None
+    host = socket.gethostname()
+    try:
+        steps = (
+            jobrunner.finished_steps(os.path.expanduser(environ[CHECKPOINTS_ENV]))
+            if environ.get(CHECKPOINTS_ENV)
+            else []
+        )
+        record = {"started": time.time(), "host": host, "resumed_from": steps[-1] if steps else 0}
+        path = f"{folder}/{time.time_ns()}-{host}.json"  # unique, and in the order of the starts
+        data = json.dumps(record).encode()
+        if gcs.is_gcs(path):
+            gcs.write(path, data)
+        else:
+            os.makedirs(os.path.expanduser(folder), exist_ok=True)
+            with open(os.path.expanduser(path), "wb") as f:
+                f.write(data)
+        return path
+    except OSError as err:
+        print(f"[tpu-rl] could not record this start in {folder}: {err}", file=sys.stderr)
+        return None
+
+
+def parse(texts: list[str]) -> list[dict]:
+    """The records' texts as attempts, oldest first; a record that is not one (half written) is left out."""
+    found = []
+    for text in texts:
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("started"), (int, float)):
+            found.append({"started": float(record["started"]), "host": str(record.get("host", "?")),
+                          "resumed_from": int(record.get("resumed_from") or 0)})  # fmt: skip
+    return sorted(found, key=lambda attempt: attempt["started"])

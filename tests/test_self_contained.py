@@ -1,0 +1,36 @@
+"""A fresh clone is all the tests have: nothing in the repository reads, or sends a reader to, a file
+outside it. (CI has a `shared/` folder beside its clone and a user does not, so a green CI alone would
+hide such a path.)"""
+
+import re
+
+from bootstrap.paths import REPO
+
+SKIPPED = {".git", ".venv", ".pytest_cache", ".ruff_cache", "__pycache__", "runs", "build", ".tpu-rl"}
+TEXT = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".ini", ""}
+# ../anything, a folder beside the checkout, or REPO's parent: each leaves the repository.
+OUTSIDE = re.compile(r"\.\./(shared|reference)\b|\bshared/reference\b|\bREPO\.parent\b|\bREPO\s*/\s*['\"]\.\.")
+
+
+def tracked_text_files():
+    for path in REPO.rglob("*"):
+        parts = path.relative_to(REPO).parts
+        if path.is_file() and not SKIPPED & set(parts) and path.suffix in TEXT and path.stat().st_size < 2**20:
+            yield path
+
+
+def test_no_file_points_outside_the_repository():
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()[:120]}"
+        for path in tracked_text_files()
+        if path.name != "test_self_contained.py"
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if OUTSIDE.search(line)
+    ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_check_finds_such_a_path():
+    assert OUTSIDE.search('CRDS = REPO.parent / "shared" / "reference" / "crds"')
+    assert OUTSIDE.search("see ../shared/reference/gcs_emulation.md")
+    assert not OUTSIDE.search('CRDS = REPO / "tests" / "data" / "crds"')
