@@ -11,9 +11,13 @@ from __future__ import annotations
 import hashlib
 import shlex
 
+from ..vm.startup import RERUN
 from .spec import EnvironmentSpec
 
 STAMP = ".tpu-rl-spec"
+# The uv the project tests (requirements-dev.lock) and bootstrap/startup.sh installs: an older one may
+# resolve MaxText's tree differently under --resolution=lowest.
+UV_MIN = "0.13.9"
 
 
 def digest(env: EnvironmentSpec) -> str:
@@ -43,8 +47,13 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
         f'if [ "$(cat {stamp} 2>/dev/null)" = {digest(env)} ] && {venv}/bin/python -c "" 2>/dev/null; then',
         f"  step environment already built for this spec {q(env.venv_path)}",
         "else",
-        "  step uv",
-        "  command -v uv >/dev/null || curl -LsSf https://astral.sh/uv/install.sh | sh",
+        f"  step uv {UV_MIN} or newer",
+        '  found=$(uv --version 2>/dev/null | cut -d" " -f2) || true',
+        f'  if [ "$(printf "%s\\n" {UV_MIN} "$found" | sort -V | head -n 1)" != {UV_MIN} ] || [ -z "$found" ]; then',
+        f'    echo "the VM has uv ${{found:-(none)}}; the jobs need uv {UV_MIN} or newer: re-run the startup script'
+        f' ({RERUN}), which installs it" >&2',
+        "    exit 1",
+        "  fi",
         f"  step Python {q(env.python)}",
         f"  uv python find {q(env.python)} >/dev/null 2>&1 || uv python install {q(env.python)}",
         f"  step virtualenv {q(env.venv_path)}",

@@ -88,11 +88,11 @@ def _clock(ts):
 def status(c, arg=None, run_name=None):
     """Show the VM's pipeline (running, done or failed, since when, autostop) and each job of the run."""
     session = open_session(c, arg or [], run_name, runs_jobs=False)
-    lines = (
-        pipeline.status_lines(getattr(session.vm, "pipeline", None))
-        if isinstance(session.vm, Vm)
-        else gke_driving.status_lines(session)
-    )
+    if isinstance(session.vm, Vm):
+        startup = f"startup script: {session.vm.facts['startup'].describe()}"
+        lines = [startup, *pipeline.status_lines(getattr(session.vm, "pipeline", None))]
+    else:
+        lines = gke_driving.status_lines(session)
     for line in lines:
         console.print(line, markup=False, highlight=False)
     table = Table(title=f"run {session.plan.run_name} on {session.vm.name}")

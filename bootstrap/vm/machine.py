@@ -26,6 +26,7 @@ from ..errors import UserError
 from ..remote import gcs, jobrunner
 from ..remote.jobrunner import JobState, Layout
 from ..results import transfer
+from . import startup
 from .output import Cleaner, lines
 
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
@@ -114,7 +115,8 @@ class Vm:
         self.layout = layout
         self.clean = cleaner or Cleaner()
         self.pipeline: dict | None = None  # the VM's pipeline as `install` found it (driver.py's record)
-        self.facts: dict = {"digests": {}, "modes": {}, "startup_done": False}  # what `install` found for `prepare`
+        # what `install` found, for `prepare` and `fab status`
+        self.facts: dict = {"digests": {}, "modes": {}, "startup": startup.Startup(startup.StartupState.RUNNING)}
 
     @property
     def name(self) -> str:
@@ -201,7 +203,7 @@ class Vm:
         paths = " ".join(q(f"{secrets_dir}/{name}") for name in secrets or {})
         facts = f"(cd && sha256sum {paths}; stat -c 'mode %a %n' {paths}) 2>/dev/null;" if paths else ""
         if startup_marker:
-            facts += f" test -f {q(startup_marker)} && echo startup done;"
+            facts += f" {startup.facts_command(startup_marker)};"
         out = self.check(
             f"umask 077 && mkdir -p {q(bin_dir)} {q(secrets_dir)} && chmod 700 {q(root)} {q(bin_dir)} {q(secrets_dir)}"
             f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
@@ -212,7 +214,7 @@ class Vm:
         self.facts = {
             "digests": fields,
             "modes": {line.split()[2]: line.split()[1] for line in out.splitlines() if line.startswith("mode ")},
-            "startup_done": "startup done" in out.splitlines(),
+            "startup": startup.parse(out),
         }
         changed = [
             tool
@@ -252,7 +254,7 @@ class Vm:
                 f.chmod(0o600)
                 f.write(value.encode())
             done.append(f"stored {name} (readable only by the SSH user)")
-        return done, self.facts["startup_done"]
+        return done, self.facts["startup"].state is startup.StartupState.DONE
 
     def _sftp_path(self, path: str) -> str:
         """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""
@@ -332,19 +334,25 @@ class Vm:
         return [self.clean(line) for line in lines([out.encode()])]
 
     def wait_for_startup(self, marker: str, log: str, console: Console) -> None:
-        """Wait for the startup script's marker, showing its log meanwhile."""
+        """Wait for the startup script's marker, showing its log meanwhile; a failure record ends the wait
+        at once, in one line with the failed step and the log's last lines."""
         offset, deadline = 0, time.monotonic() + STARTUP_WAIT_SECONDS
         q = shlex.quote
         while True:
             code, out, _ = self.execute(
-                f"test -f {q(marker)} || {{ tail -c +{offset + 1} {q(log)} 2>/dev/null; exit 3; }}"
+                f"{startup.facts_command(marker)}; test -f {q(marker)} && exit 0;"
+                f" test -f {q(startup.failure_record(marker))} && {{ tail -n 5 {q(log)} 2>/dev/null; exit 4; }};"
+                f" tail -c +{offset + 1} {q(log)} 2>/dev/null; exit 3"
             )
             if code == 0:
                 return
+            state, _, shown = out.partition("\n")
+            if code == 4:
+                raise startup.failed(self.name, startup.parse(state), log, shown.splitlines())
             if offset == 0:
                 console.print(f"{self.name}: waiting for the startup script ({marker})")
-            offset += len(out.encode())
-            for line in lines([out.encode()]):
+            offset += len(shown.encode())
+            for line in lines([shown.encode()]):
                 console.print(f"  startup | {self.clean(line)}", markup=False, highlight=False)
             if time.monotonic() > deadline:
                 raise UserError(

@@ -7,7 +7,10 @@ import subprocess
 import threading
 import time
 
+from bootstrap.jobs import environment
+from bootstrap.vm import startup
 from tests.loopback import Fab
+from tests.startupscript import StartupRoot
 
 SLOW_TRAIN = ("--arg", "vars.num_batches=6", "--arg", "train.env.STANDIN_SECONDS=1")
 
@@ -54,3 +57,27 @@ def test_setup_waits_for_the_startup_script_and_shows_its_log(fab: Fab):
     assert "waiting for the startup script" in output
     assert "startup | [tpu-rl startup] apt update and upgrade" in output
     assert os.path.exists(fab.tmp / "venv" / "bin" / "python")
+
+
+def test_a_failed_startup_script_stops_fab_at_once_in_one_line_and_status_shows_it(fab: Fab):
+    """The real startup.sh failed at its install step on the "VM" (its record beside the marker): fab
+    stops in seconds, not after its 30 minutes of waiting, with the step, the code, the log's last
+    lines and the fix; nothing started. Once the script has run again and worked, fab goes on."""
+    vm = StartupRoot(fab.tmp)
+    vm.marker.unlink()
+    vm.with_uv(environment.UV_MIN)
+    assert vm.run(STANDIN_FAIL="install", TPU_RL_APT_TRIES="1").returncode == 100
+    status = fab("status")
+    assert status.returncode == 0, status.stderr
+    assert "startup script: failed at step 'system packages" in status.stdout
+    result = fab("train", timeout=120)  # waiting for the marker would outlast this
+    errors = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(errors) == 1, result.stdout + result.stderr
+    assert "the startup script failed at step 'system packages" in errors[0] and "(exit 100," in errors[0]
+    assert "E: the stand-in's install fails" in errors[0]  # the log's last lines
+    assert startup.RERUN in errors[0]
+    assert not (fab.tmp / "venv").exists() and not (fab.tmp / "state" / "pipeline").exists()  # nothing started
+    assert vm.run().returncode == 0  # the fix: the script once more
+    status = fab("status")
+    assert f"startup script: done at {vm.marker.read_text().strip()}" in status.stdout
+    assert fab("setup").returncode == 0

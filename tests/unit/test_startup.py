@@ -1,0 +1,111 @@
+"""The real bootstrap/startup.sh, in a throwaway root with a stand-in apt-get (tests/startupscript.py):
+apt's lock on a first boot, a mirror's hiccup, a failing step's record, uv pinned by hash."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from bootstrap.jobs import environment
+from bootstrap.jobs.spec import VmSpec
+from bootstrap.paths import REPO
+from bootstrap.vm import startup
+from tests.startupscript import SCRIPT, StartupRoot
+
+
+@pytest.fixture
+def vm(tmp_path) -> StartupRoot:
+    root = StartupRoot(tmp_path)
+    root.with_uv(environment.UV_MIN)  # the install step keeps it: no download in these tests
+    return root
+
+
+def record(vm: StartupRoot) -> startup.Startup:
+    """The failure record as fab reads it (the shell line fab's command prints for it)."""
+    return startup.parse(f"startup failed {vm.failed.read_text().strip()}")
+
+
+def test_a_lock_held_for_a_while_is_waited_out(vm: StartupRoot):
+    """unattended-upgrades holds dpkg's lock for 2 s after boot: every apt call waits for it (the timeout
+    passed to apt), and the script finishes without a failure."""
+    (vm.root / "lock").write_text(str(time.time() + 2))
+    began = time.monotonic()
+    result = vm.run(TPU_RL_APT_LOCK_SECONDS="60", STANDIN_LOCK_UNTIL=str(vm.root / "lock"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert time.monotonic() - began >= 2  # it did wait: the lock was held that long
+    assert vm.marker.exists() and not vm.failed.exists()
+    assert [call.split()[:3] for call in vm.calls] == [
+        ["-o", "DPkg::Lock::Timeout=60", c] for c in ("update", "upgrade", "install")
+    ]
+
+
+def test_a_lock_held_past_the_bound_leaves_the_failure_record(vm: StartupRoot):
+    (vm.root / "lock").write_text(str(time.time() + 3600))
+    result = vm.run(TPU_RL_APT_LOCK_SECONDS="1", TPU_RL_APT_TRIES="2", STANDIN_LOCK_UNTIL=str(vm.root / "lock"))
+    assert result.returncode == 100
+    assert not vm.marker.exists()
+    found = record(vm)
+    assert (found.state, found.step, found.exit_code) == (startup.StartupState.FAILED, "apt update", 100)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", found.at)
+    assert len(vm.calls) == 2  # tried twice, then given up: bounded
+    assert "It is held by process 4242 (unattended-upgr)" in vm.log.read_text()
+
+
+def test_a_failing_install_leaves_its_step_in_the_record(vm: StartupRoot):
+    result = vm.run(STANDIN_FAIL="install", TPU_RL_APT_TRIES="3")
+    assert result.returncode == 100 and not vm.marker.exists()
+    assert record(vm).step.startswith("system packages")
+    assert [c.split()[2] for c in vm.calls] == ["update", "upgrade", "install", "install", "install"]
+
+
+def test_a_mirror_hiccup_is_tried_again(vm: StartupRoot):
+    result = vm.run(STANDIN_FAIL_ONCE="update")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert vm.marker.exists() and not vm.failed.exists()
+    assert [c.split()[2] for c in vm.calls] == ["update", "update", "upgrade", "install"]
+    assert "apt-get update exited 100 (try 1 of 3); trying again" in vm.log.read_text()
+
+
+def test_a_run_after_a_failure_clears_the_record_and_a_run_after_success_does_nothing(vm: StartupRoot):
+    assert vm.run(STANDIN_FAIL="update", TPU_RL_APT_TRIES="1").returncode == 100
+    assert vm.failed.exists()
+    assert vm.run().returncode == 0
+    assert vm.marker.exists() and not vm.failed.exists()
+    calls, marker = vm.calls, vm.marker.read_text()
+    again = vm.run(STANDIN_FAIL="update")  # would fail, if it did anything
+    assert again.returncode == 0 and vm.calls == calls and vm.marker.read_text() == marker
+    assert "nothing to do" in again.stdout
+
+
+def test_an_older_uv_is_replaced_by_the_pinned_one_verified_by_its_hash(tmp_path):
+    """The real pip, from the package index, in hash-checking mode: the pinned hashes are the release's."""
+    vm = StartupRoot(tmp_path)
+    vm.with_uv("0.9.0")
+    result = vm.run()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr
+    assert f"uv {environment.UV_MIN} (" in vm.log.read_text()
+    assert (vm.root / "bin" / "uv").stat().st_size > 10_000_000  # the real binary, not the stand-in
+
+
+def test_the_pinned_uv_is_the_one_the_tests_use_and_the_setup_job_asks_for():
+    pinned = re.search(r"^UV_VERSION=(\S+)$", SCRIPT.read_text(), re.M).group(1)
+    locked = re.search(r"^uv==(\S+)$", (REPO / "requirements-dev.lock").read_text(), re.M).group(1)
+    assert pinned == locked == environment.UV_MIN
+
+
+def test_the_script_paths_are_the_jobs_defaults():
+    text, defaults = SCRIPT.read_text(), VmSpec()
+    assert f"TPU_RL_STARTUP_MARKER:-{defaults.startup_marker}}}" in text
+    assert f"TPU_RL_STARTUP_LOG:-{defaults.startup_log}}}" in text
+
+
+def test_fab_reads_each_state_of_the_script():
+    assert startup.parse("x\nstartup done 2026-12-02T08:00:00Z\n").describe() == "done at 2026-12-02T08:00:00Z"
+    assert startup.parse("startup running").state is startup.StartupState.RUNNING
+    failed = startup.parse('startup failed {"step": "apt update", "exit_code": 100, "at": "T"}')
+    assert failed.describe() == "failed at step 'apt update' (exit 100, T)"
+    assert startup.parse("startup failed {not json").state is startup.StartupState.FAILED
+    message = str(startup.failed("vm", failed, "/var/log/x.log", ["E: Could not get lock", ""]))
+    assert "\n" not in message and "E: Could not get lock" in message and startup.RERUN in message
