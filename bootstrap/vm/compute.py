@@ -103,8 +103,9 @@ def gone(outputs: dict) -> Gone | None:
         return Gone(
             name, "no longer exists (deleted on host maintenance, preemption or the end of its run time)", False
         )
-    if found.status not in RUNNING:
-        return Gone(name, f"is {found.status} (stopped: by autostop or from the VM itself)", True)
+    # Identity before status: a stopped instance that the stack did not make is still not ours to replace.
     if expected and found.id != expected:
         return Gone(name, f"is another instance (id {found.id}, the stack's is {expected})", True, foreign=True)
+    if found.status not in RUNNING:
+        return Gone(name, f"is {found.status} (stopped: by autostop or from the VM itself)", True)
     return None

@@ -126,8 +126,9 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
         return outputs
     if gone.foreign:
         raise UserError(str(gone))
-    if not outputs.get("instance_urn"):
-        raise UserError("the Pulumi stack has no `instance_urn` output: run `pulumi up` with this version first")
+    if not outputs.get("instance_urn") or gone.exists and not outputs.get("instance_id"):
+        missing = "instance_urn" if not outputs.get("instance_urn") else "instance_id"  # without the id: whose VM?
+        raise UserError(f"the Pulumi stack has no `{missing}` output: run `pulumi up` with this version first")
     # Only the instance (and what depends on it): other changes to the stack wait for the user's own `pulumi up`.
     target = "--target-replace" if gone.exists else "--target"
     command = ["pulumi", "up", "--yes", "--skip-preview", "--refresh", target, outputs["instance_urn"]]

@@ -47,6 +47,10 @@ FOREIGN = (
         ),
         ("TERMINATED", "1001", "is TERMINATED (stopped: by autostop or from the VM itself)" + RECOVER),
         ("RUNNING", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
+        # identity before status: stopped or not, an instance the stack did not make is never replaced
+        ("TERMINATED", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
+        ("SUSPENDED", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
+        ("STOPPING", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
     ],
 )
 def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instance_id, why):
