@@ -17,10 +17,14 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 
+try:
+    from . import retry  # on the laptop: bootstrap.remote.retry
+except ImportError:
+    import retry  # on the VM and in a pod: beside this script in the tools folder
+
 SCHEME = "gs://"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 TIMEOUT_SECONDS = 60
-RETRIES = 2
 REFRESH_SECONDS = 300  # a token this close to its end is fetched again (a runner lives as long as its job)
 _token: tuple[str, float] = ("", 0.0)  # the metadata server's access token and when it ends
 
@@ -54,22 +58,16 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {_token[0]}"}
 
 
-def _call(url: str, data: bytes | None = None, method: str = "GET") -> bytes:
-    """One request; a 429, a 5xx or a dropped connection is tried again (Cloud Storage's advice), twice."""
-    attempt = 0
-    while True:
-        try:
-            request = urllib.request.Request(url, data=data, method=method, headers=_headers())
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
-                return answer.read()
-        except urllib.error.HTTPError as err:
-            if err.code != 429 and err.code < 500 or attempt == RETRIES:
-                raise
-        except (urllib.error.URLError, TimeoutError, ConnectionError):
-            if attempt == RETRIES:
-                raise
-        time.sleep(2**attempt)
-        attempt += 1
+def _call(url: str, data: bytes | None = None, method: str = "GET", parse: Callable = bytes):
+    """One request, `parse`d (a listing is JSON); what may pass is tried again for 15 minutes (retry.py:
+    the policy of the gke driver too, and Cloud Storage's advice of exponential backoff)."""
+
+    def once():
+        request = urllib.request.Request(url, data=data, method=method, headers=_headers())
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
+            return parse(answer.read())
+
+    return retry.retrying(once)
 
 
 def names(url: str) -> list[str]:
@@ -83,7 +81,7 @@ def sizes(url: str) -> dict[str, int]:
     found, page = {}, None
     while True:
         query = {"prefix": prefix, "fields": "items(name,size),nextPageToken", **({"pageToken": page} if page else {})}
-        listing = json.loads(_call(f"{_base()}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}"))
+        listing = _call(f"{_base()}/storage/v1/b/{bucket}/o?{urllib.parse.urlencode(query)}", parse=json.loads)
         found |= {f"{SCHEME}{bucket}/{item['name']}": int(item.get("size", 0)) for item in listing.get("items", [])}
         if not (page := listing.get("nextPageToken")):
             return found

@@ -11,14 +11,13 @@ Storage through the pod's Workload Identity. Its log is its events, one JSON obj
     gke_driver.py SERVICE_ACCOUNT_DIR NAMESPACE
 
 Exit 0: every job is done; 3: a job failed (the pipeline is over, as on the VM: the next
-fab train retries it); anything else (the API gone for longer than RETRY_SECONDS, a bug):
+fab train retries it); anything else (the API gone for longer than retry.RETRY_SECONDS, a bug):
 the driver itself failed, and its Job starts another pod, whose new pass adopts the
 JobSets that run.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import ssl
@@ -28,17 +27,16 @@ import urllib.error
 import urllib.request
 
 try:
-    from . import gcs, jobset_state  # on this machine: bootstrap.remote.gke_driver
+    from . import gcs, jobset_state, retry  # on this machine: bootstrap.remote.gke_driver
     from .driver import Graph, PipelineState
 except ImportError:
     import gcs  # in the cluster: beside this file in the tools folder
     import jobset_state
+    import retry
     from driver import Graph, PipelineState
 
 POLL_SECONDS = 3
 TIMEOUT_SECONDS = 60
-RETRY_SECONDS = 900  # a zonal control plane is away for minutes while GKE upgrades it
-MAX_BACKOFF_SECONDS = 30
 PIPELINE_FAILED, DRIVER_FAILED = 3, 2  # jobsets.driver_jobset's podFailurePolicy ends the Job on the first
 
 
@@ -87,19 +85,8 @@ class KubeApi:
 
 
 def retrying(call):
-    """`call()`, tried again with backoff for RETRY_SECONDS while what fails may pass (a 429 or 5xx, a dropped
-    or cut connection, a TLS error, an answer that is not JSON: a proxy's error page); Refused is final."""
-    deadline, attempt = time.monotonic() + RETRY_SECONDS, 0
-    while True:
-        try:
-            return call()
-        except Refused:
-            raise
-        except (OSError, ValueError, http.client.HTTPException):
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(min(2**attempt, MAX_BACKOFF_SECONDS))
-        attempt += 1
+    """`call()` under retry.py's policy (what may pass is tried again for 15 minutes); Refused is final."""
+    return retry.retrying(call, lambda err: not isinstance(err, Refused) and retry.may_pass(err))
 
 
 class Refused(Exception):
@@ -110,10 +97,10 @@ class CloudStorage:
     """The bucket as the pod's Workload Identity reads it (jobset_state.Bucket)."""
 
     def names(self, prefix: str) -> list[str]:
-        return retrying(lambda: gcs.names(prefix))
+        return gcs.names(prefix)  # gcs.py tries again what may pass, under the same policy
 
     def read_text(self, url: str) -> str | None:
-        data = retrying(lambda: gcs.read(url))
+        data = gcs.read(url)
         return None if data is None else data.decode("utf-8", "replace")
 
 

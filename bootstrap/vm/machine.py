@@ -33,6 +33,7 @@ REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
 TOOLS = (
     "jobrunner.py",
     "gcs.py",
+    "retry.py",
     "driver.py",
     "evals.py",
     "maxtext_check.py",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -16,7 +17,7 @@ import pytest
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import gcs, jobrunner
+from bootstrap.remote import gcs, jobrunner, retry
 from bootstrap.results.publish import durable_overrides
 from tests import gcsemulator
 
@@ -106,10 +107,47 @@ def test_a_busy_bucket_is_asked_again_and_a_refusal_is_not(monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
-    monkeypatch.setattr(gcs.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)
     assert gcs.read("gs://b/o") == b"ok" and len(asked) == 3
     assert gcs.read("gs://b/o") is None and len(asked) == 4  # 404: no object, asked once
     server.shutdown()
+
+
+def test_a_storage_outage_of_minutes_is_waited_out_and_a_longer_one_is_the_error(monkeypatch):
+    """The VM's runner and driver ride out what the gke driver rides out (retry.py): ten 503s in a row (a
+    minute and a half of backoff; the old client gave up after two retries, 3 s) are waited out; past
+    RETRY_SECONDS of them, the 503 is the error."""
+    clock = [0.0]
+    monkeypatch.setattr(retry.time, "sleep", lambda seconds: clock.__setitem__(0, clock[0] + seconds))
+    monkeypatch.setattr(retry.time, "monotonic", lambda: clock[0])
+    answers = [503] * 10 + [200]
+    server = _answering(answers)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+    assert gcs.read("gs://b/o") == b"ok" and not answers
+    answers += [503] * 1000
+    clock[0] = 0.0
+    with pytest.raises(urllib.error.HTTPError, match="503"):
+        gcs.read("gs://b/o")
+    assert retry.RETRY_SECONDS < clock[0] < retry.RETRY_SECONDS + 2 * retry.MAX_BACKOFF_SECONDS
+    server.shutdown()
+
+
+def _answering(answers: list[int]) -> ThreadingHTTPServer:
+    """A bucket endpoint answering each request with the next code of `answers` (and b"ok")."""
+
+    class Answers(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(answers.pop(0))
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def spec(bucket: str, record: str) -> dict:

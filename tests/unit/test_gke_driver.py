@@ -9,7 +9,7 @@ import urllib.error
 import pytest
 
 from bootstrap.gke import jobsets
-from bootstrap.remote import gke_driver, jobset_state
+from bootstrap.remote import gke_driver, jobset_state, retry
 
 BUCKET = "gs://b"
 
@@ -115,7 +115,7 @@ def test_a_retry_replaces_only_the_failed_jobset_it_saw():
 
 def test_what_may_pass_is_tried_again_and_a_refusal_is_not(monkeypatch):
     """A cut TLS stream, a proxy's HTML page or a 503 cost a retry, not the driver's pod; a 4xx is final."""
-    monkeypatch.setattr(gke_driver.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(retry.time, "sleep", lambda seconds: None)
     failures = [ssl.SSLEOFError(), ValueError("not JSON"), urllib.error.HTTPError("u", 503, "busy", {}, None)]
 
     def flaky():

@@ -1,0 +1,43 @@
+"""One policy for what may pass, shared by the VM's runner and driver and the gke driver.
+
+Cloud Storage and the Kubernetes API both answer 429 or 5xx, drop a connection or cut a TLS stream
+while they are busy or upgraded, and a zonal control plane is away for minutes while GKE upgrades it.
+Such a failure is tried again with backoff for RETRY_SECONDS before it counts: a storage outage never
+becomes a failed job or a dead driver. What cannot pass (a 4xx: a refusal) is raised at once.
+
+Standard library only: it runs on the VM and in a gke pod.
+"""
+
+from __future__ import annotations
+
+import http.client
+import time
+import urllib.error
+from collections.abc import Callable
+from typing import TypeVar
+
+RETRY_SECONDS = 900
+MAX_BACKOFF_SECONDS = 30
+T = TypeVar("T")
+
+
+def may_pass(err: BaseException) -> bool:
+    """A 429 or 5xx, a dropped or cut connection (a TLS error is an OSError), a timeout, a half answer, or
+    an answer that is not JSON (a proxy's error page)."""
+    if isinstance(err, urllib.error.HTTPError):
+        return err.code == 429 or err.code >= 500
+    return isinstance(err, (OSError, ValueError, http.client.HTTPException))
+
+
+def retrying(call: Callable[[], T], transient: Callable[[BaseException], bool] = may_pass) -> T:
+    """`call()`, tried again with backoff (1 s doubling up to MAX_BACKOFF_SECONDS) for RETRY_SECONDS while
+    what fails is `transient`; then, or for anything else, its error."""
+    deadline, attempt = time.monotonic() + RETRY_SECONDS, 0
+    while True:
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - `transient` decides, the rest is raised
+            if not transient(err) or time.monotonic() > deadline:
+                raise
+        time.sleep(min(2**attempt, MAX_BACKOFF_SECONDS))
+        attempt += 1
