@@ -200,8 +200,12 @@ class Kube:
         return bytes(output), code
 
     def write_outputs(self, patterns: list[str]) -> None:
-        """What a completed job leaves in the bucket for its declared outputs (globs: `*` as 4)."""
+        """What a completed job leaves in the bucket for its declared outputs (globs: `*` as 4; a step folder
+        `*` committed as Orbax commits one in a bucket, by a commit_success.txt)."""
         files: dict[str, dict[str, str]] = {}  # folder -> its files' SHA-256
+        for pattern in patterns:
+            if "/*/" in pattern:
+                self._blob(f"{pattern.split('/*/')[0]}/4/commit_success.txt").upload_from_string(b"committed\n")
         for url in (pattern.replace("*", "4") for pattern in patterns):
             folder, name = url.rsplit("/", 1)
             if "." in name:

@@ -155,12 +155,14 @@ def alive(record: dict | None) -> bool:
     return bool(record) and record.get("start") is not None and _start_time(record["pid"]) == record["start"]
 
 
-def finished_steps(directory: str) -> list[int]:
+def finished_steps(directory: str, listing=gcs.names) -> list[int]:
     """The finished steps under a checkpoint directory, in order: on a disk Orbax renames a step's temporary
-    folder when it is complete; in Cloud Storage it writes commit_success.txt into the step's folder last."""
+    folder when it is complete; in Cloud Storage it writes commit_success.txt into the step's folder last
+    (`listing`: the gs:// names below a prefix, through gcs.py or another client). The one rule for a
+    committed step, on the VM and on gke: an uncommitted one is never resumed from or exported."""
     if gcs.is_gcs(directory):
         prefix = f"{directory.rstrip('/')}/"
-        committed = (re.fullmatch(r"([0-9]+)/commit_success\.txt", n.removeprefix(prefix)) for n in gcs.names(prefix))
+        committed = (re.fullmatch(r"([0-9]+)/commit_success\.txt", n.removeprefix(prefix)) for n in listing(prefix))
         return sorted(int(m.group(1)) for m in committed if m)
     return sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(directory) else []
 

@@ -19,10 +19,10 @@ from typing import Protocol
 
 try:
     from . import gcs  # on this machine: bootstrap.remote.jobset_state
-    from .jobrunner import JobState
+    from .jobrunner import JobState, finished_steps
 except ImportError:
     import gcs  # in the cluster: beside this file in the tools folder
-    from jobrunner import JobState
+    from jobrunner import JobState, finished_steps
 
 OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for the job to count as done
 INPUTS_ANNOTATION = "tpu-rl/inputs"  # what the job is made from: it is stale when they change
@@ -117,15 +117,14 @@ def launch(manifest: Mapping, api: Api, bucket: Bucket, timeout: float = DELETE_
 
 
 def to_create(manifest: Mapping, bucket: Bucket) -> dict:
-    """The JobSet as it is created now: ${latest_step:gs://...} in a command resolved to the highest step
-    there (as on the VM), and the digests of its inputs recorded (what `state` compares them with)."""
+    """The JobSet as it is created now: ${latest_step:gs://...} in a command resolved to the highest committed
+    step there (as on the VM), and the digests of its inputs recorded (what `state` compares them with)."""
 
     def latest(match: re.Match) -> str:
-        folder = match[1].rstrip("/") + "/"
-        steps = [int(step) for name in bucket.names(folder) if (step := name[len(folder) :].split("/")[0]).isdigit()]
+        steps = finished_steps(match[1], bucket.names)  # committed ones only, as on the VM
         if not steps:
-            raise NoCheckpoint(f"no checkpoint steps in {match[1]}: is train done?")
-        return str(max(steps))
+            raise NoCheckpoint(f"no committed checkpoint step in {match[1]}: is train done?")
+        return str(steps[-1])
 
     created = copy.deepcopy(dict(manifest))
     for job in created["spec"]["replicatedJobs"]:

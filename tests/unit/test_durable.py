@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 import urllib.error
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +18,7 @@ import pytest
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import gcs, jobrunner, retry
+from bootstrap.remote import gcs, jobrunner, jobset_state, retry
 from bootstrap.results.publish import durable_overrides
 from tests import gcsemulator
 
@@ -57,6 +58,13 @@ def test_the_latest_step_in_a_bucket_is_the_last_committed_one(bucket):
     assert jobrunner.resolve_runtime(f"{actor}/${{latest_step:{actor}}}/model_params") == f"{actor}/3/model_params"
     with pytest.raises(LookupError, match="no checkpoint step under"):
         jobrunner.latest_step(f"{bucket}/empty")
+    # the gke driver's export JobSet, created from the same bucket: the same committed step, never 4
+    pod = {"containers": [{"command": ["python3", f"load_parameters_path={actor}/${{latest_step:{actor}}}/x"]}]}
+    manifest = {"metadata": {"name": "export", "annotations": {}},
+                "spec": {"replicatedJobs": [{"template": {"spec": {"template": {"spec": pod}}}}]}}  # fmt: skip
+    created = jobset_state.to_create(manifest, types.SimpleNamespace(names=gcs.names))
+    (container,) = created["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][1] == f"load_parameters_path={actor}/3/x"
 
 
 @pytest.mark.parametrize(("lifetime", "fetches"), [(3600, 1), (200, 2)])
