@@ -87,7 +87,7 @@ def overrides(target: Slice) -> list[str]:
 
 
 def _env(job: RenderedJob, extra: list[dict]) -> list[dict]:
-    env = [{"name": k, "value": v} for k, v in job.env.items() if not VM_ONLY_ENV.fullmatch(k)]
+    env = [{"name": k, "value": _literal(v)} for k, v in job.env.items() if not VM_ONLY_ENV.fullmatch(k)]
     return env + _secret_env(job.secrets) + extra
 
 
@@ -130,16 +130,16 @@ def _tool(path: str) -> str:
 
 def command(job: RenderedJob) -> list[str]:
     """The module with the image's python3 (through its launcher, if it has one), then its follow-up
-    steps, with the tools from the ConfigMap."""
+    steps, with the tools from the ConfigMap; `$` escaped, so that the pod runs the words the VM would."""
     if job.module:
         runs = job.argv[1] if job.argv[1] == "-m" else _tool(job.argv[1])
         main = ["python3", runs, *job.argv[2:]]
     else:
         main = list(job.argv)
     if not job.after:
-        return main
+        return [_literal(word) for word in main]
     steps = [main, *(["python3", _tool(step[1]), *step[2:]] for step in job.after)]
-    return ["sh", "-c", " && ".join(shlex.join(step) for step in steps)]
+    return ["sh", "-c", _literal(" && ".join(shlex.join(step) for step in steps))]
 
 
 def _main_container(job: RenderedJob, target: Slice, extra_env: list[dict]) -> dict:
@@ -280,7 +280,8 @@ def driver_jobset(plan: dict, target: Slice, run_name: str) -> dict:
 
 
 def _literal(text: str) -> str:
-    """`text` as Kubernetes passes it on: it expands $(NAME) in commands and env values, and $$ to $."""
+    """`text` such that Kubernetes passes it on as it is: it expands $(NAME) in commands and env values (a
+    `$(HF_TOKEN)` would put the token on a command line), and $$ to $. Every command and env value."""
     return text.replace("$", "$$")
 
 

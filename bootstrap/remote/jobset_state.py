@@ -28,7 +28,8 @@ OUTPUTS_ANNOTATION = "tpu-rl/outputs"  # what must exist in Cloud Storage for th
 INPUTS_ANNOTATION = "tpu-rl/inputs"  # what the job is made from: it is stale when they change
 INPUT_DIGESTS_ANNOTATION = "tpu-rl/input-digests"  # their digests when the JobSet was created
 DELETE_SECONDS = 300  # how long an ended JobSet may take to go (its pods end first)
-LATEST_STEP = re.compile(r"\$\{latest_step:(gs://[^{}]+)\}")
+# ${latest_step:gs://...} as it stands in a JobSet's command: its $ escaped against the kubelet's expansion
+LATEST_STEP = re.compile(r"\$\$\{latest_step:(gs://[^{}]+)\}")
 
 
 class Bucket(Protocol):

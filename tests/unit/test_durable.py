@@ -58,8 +58,8 @@ def test_the_latest_step_in_a_bucket_is_the_last_committed_one(bucket):
     assert jobrunner.resolve_runtime(f"{actor}/${{latest_step:{actor}}}/model_params") == f"{actor}/3/model_params"
     with pytest.raises(LookupError, match="no checkpoint step under"):
         jobrunner.latest_step(f"{bucket}/empty")
-    # the gke driver's export JobSet, created from the same bucket: the same committed step, never 4
-    pod = {"containers": [{"command": ["python3", f"load_parameters_path={actor}/${{latest_step:{actor}}}/x"]}]}
+    # the gke driver's export JobSet (its $ escaped for the kubelet), from the same bucket: the same committed step, never 4
+    pod = {"containers": [{"command": ["python3", f"load_parameters_path={actor}/$${{latest_step:{actor}}}/x"]}]}
     manifest = {"metadata": {"name": "export", "annotations": {}},
                 "spec": {"replicatedJobs": [{"template": {"spec": {"template": {"spec": pod}}}}]}}  # fmt: skip
     created = jobset_state.to_create(manifest, types.SimpleNamespace(names=gcs.names))

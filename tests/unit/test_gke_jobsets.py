@@ -303,3 +303,17 @@ def test_the_hub_upload_pod_gets_its_card_and_command_exactly_as_written_after_k
 def test_a_hub_upload_of_an_export_outside_the_bucket_is_refused():
     with pytest.raises(UserError, match=r"vars.export_dir=/dev/shm/x: on gke the export must be in the bucket"):
         hub_pod("card", folder="/dev/shm/x")
+
+
+def test_a_value_means_the_same_in_a_pod_as_on_the_vm():
+    """Kubernetes expands $(NAME) and $$ in commands and env values: every value is escaped, so the words
+    the kubelet hands the container (kubestub.expand, its rule) are the VM's words, and `$(HF_TOKEN)` in
+    an argument never becomes the token on the trainer's command line."""
+    overrides = ["train.run_name=cost$$5-$(HF_TOKEN)", "train.env.NOTE=$(HF_TOKEN) and $$"]
+    jobs = {job.name: job for job in rendered_jobs(overrides)}
+    train = jobsets.manifests(list(jobs.values()), TARGET, RUN)["train"]
+    trainer = train["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: kubestub.expand(e["value"], {"HF_TOKEN": "hf_secret"}) for e in trainer["env"] if "value" in e}
+    words = [kubestub.expand(word, {"HF_TOKEN": "hf_secret", **env}) for word in trainer["command"]]
+    assert "run_name=cost$$5-$(HF_TOKEN)" in words and "hf_secret" not in " ".join(words)
+    assert env["NOTE"] == "$(HF_TOKEN) and $$" == jobs["train"].env["NOTE"]
