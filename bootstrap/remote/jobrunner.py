@@ -40,9 +40,10 @@ import time
 from collections.abc import Iterator
 
 try:
-    from . import gcs  # on the laptop: bootstrap.remote.gcs
+    from . import faults, gcs  # on the laptop: bootstrap.remote
 except ImportError:
-    import gcs  # on the VM: beside this script in the tools folder
+    import faults  # on the VM: beside this script in the tools folder
+    import gcs
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
@@ -227,8 +228,11 @@ def restore(job_dir: str, spec: dict) -> bool:
         return False
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     write_json(os.path.join(job_dir, SPEC), spec)
+    faults.point("restore.wrote-spec")
     write_json(os.path.join(job_dir, DONE), {**done, "restored_from": spec["record"]})
+    faults.point("restore.wrote-done")
     write_json(os.path.join(job_dir, RESULT), {"exit_code": 0, "finished": done["finished"], "error": None})
+    faults.point("restore.wrote-result")
     return True
 
 
@@ -296,23 +300,26 @@ class _Job:
     def note(self, log, text: str) -> None:
         log.write(f"[tpu-rl] {text}\n".encode())
 
-    def step(self, argv: list[str], env: dict, log) -> int:
-        """Run one command in its own process group; its exit code is kept in a file, so a
-        runner that dies does not lose it and a new runner can adopt the process."""
+    def step(self, argv: list[str], env: dict, log, index: int) -> int:
+        """Run one command (step `index`: 0 the job's own, then its `after` steps) in its own process
+        group; its exit code is kept in a file, so a runner that dies does not lose it and a new runner
+        can adopt the process, and go on with the steps after it."""
         exit_file = self.path(EXIT_CODE)
         if os.path.exists(exit_file):
             os.remove(exit_file)
+            faults.point("run.forgot-step-exit-code")
         wrapper = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', exit_file, *argv]
         cwd = os.path.expanduser(self.spec.get("cwd", "~"))
         child = subprocess.Popen(
             wrapper, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
         )
-        record = identity(child.pid)
-        write_json(self.path(PROCESS), record)
+        write_json(self.path(PROCESS), {**identity(child.pid), "step": index})
+        faults.point("run.recorded-process")
         forward = lambda signum, _frame: os.killpg(child.pid, signum)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         child.wait()
+        faults.point("run.step-ended")
         return self.exit_code()
 
     def exit_code(self) -> int:
@@ -332,14 +339,18 @@ class _Job:
         """Run (or adopt) the job, then write its verdict."""
         self.inputs = inputs_digest(self.spec.get("inputs") or [])  # as the job is about to read them
         write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
+        faults.point("run.recorded-runner")
         exit_code, error = 1, None
         with open(self.path(LOG), "ab", buffering=0) as log:
             try:
                 env = {**os.environ, **{k: _expand(v) for k, v in self.spec["env"].items()}, **_secret_env(self.spec)}
                 if self.adoptable():
                     self.note(log, "re-attached to the job (its runner had stopped)")
-                    _wait_gone(read_json(self.path(PROCESS)))
+                    process = read_json(self.path(PROCESS))
+                    _wait_gone(process)
                     exit_code = self.exit_code()
+                    if exit_code == 0:  # the steps after the adopted one, as its runner would have run them
+                        exit_code, error = self.start(env, log, first=int(process.get("step", 0)) + 1)
                 else:
                     exit_code, error = self.start(env, log)
                 if exit_code and not error:
@@ -352,7 +363,9 @@ class _Job:
         # `done` before the verdict: a reader between the two writes must never see exit 0 without `done` (failed)
         if exit_code == 0 and not error:
             write_json(self.path(DONE), self.done)
+            faults.point("run.wrote-done")
         write_json(self.path(RESULT), {"exit_code": exit_code, "finished": time.time(), "error": error})
+        faults.point("run.wrote-result")
         return exit_code
 
     def verify(self, log) -> str | None:
@@ -366,6 +379,7 @@ class _Job:
                 self.done = {"finished": time.time(), "outputs": outputs, "inputs": self.inputs}
                 if self.spec.get("record"):
                     gcs.write(self.spec["record"], json.dumps(self.done).encode())
+                    faults.point("run.recorded-in-bucket")
                     self.note(log, f"recorded as done in the bucket: {self.spec['record']}")
                 return None
         except OSError as err:
@@ -373,17 +387,26 @@ class _Job:
         self.note(log, error)
         return error
 
-    def start(self, env: dict, log) -> tuple[int, str | None]:
-        argv = [_expand(a) for a in self.spec["argv"]]
-        self.note(log, f"starting {self.spec['name']}")
-        exit_code = self.step(argv, env, log)
-        for after in self.spec.get("after") or []:
-            if exit_code:
+    def start(self, env: dict, log, first: int = 0) -> tuple[int, str | None]:
+        """Run the steps from `first` on (0: the job's own command, then each of `after`) until one fails."""
+        steps = [self.spec["argv"], *(self.spec.get("after") or [])]
+        exit_code = 0
+        for index in range(first, len(steps)):
+            command = [_expand(a) for a in steps[index]]
+            self.note(log, f"starting {self.spec['name']}" if index == 0 else f"then: {' '.join(command)}")
+            if exit_code := self.step(command, env, log, index):
                 break
-            command = [_expand(a) for a in after]
-            self.note(log, f"then: {' '.join(command)}")
-            exit_code = self.step(command, env, log)
         return exit_code, None
+
+
+# What a fresh attempt removes, in this order, and the crash point after each.
+FORGOTTEN = (
+    (EXIT_CODE, "launch.forgot-exit-code"),
+    (PROCESS, "launch.forgot-process"),
+    (RESULT, "launch.forgot-result"),
+    (DONE, "launch.forgot-done"),
+    (RUNNER, "launch.forgot-runner"),
+)
 
 
 def launch(job_dir: str, spec_text: str) -> dict:
@@ -398,22 +421,28 @@ def launch(job_dir: str, spec_text: str) -> dict:
     if state["state"] == JobState.RUNNING.value and alive(runner):
         return state
     if state["state"] != JobState.RUNNING.value and not _Job(job_dir).adoptable():
-        # a fresh attempt: keep the old log, forget the old verdict
-        for name in (RESULT, DONE, RUNNER, PROCESS, EXIT_CODE):
+        # A fresh attempt: forget the old verdict, its exit code and process first (a launch stopped midway
+        # must never leave an old exit 0 for the next one to adopt), and keep the old log aside.
+        for name, crash in FORGOTTEN:
             if os.path.exists(os.path.join(job_dir, name)):
                 os.remove(os.path.join(job_dir, name))
+                faults.point(crash)
         log = os.path.join(job_dir, LOG)
         if os.path.exists(log) and os.path.getsize(log):
-            os.replace(log, f"{log}.{int(time.time())}")
+            os.replace(log, f"{log}.{time.time_ns()}")
+            faults.point("launch.kept-old-log")
         spec = json.loads(spec_text)
         for name, text in (spec.get("files") or {}).items():  # what the job reads from its folder (a model card)
             with open(os.path.join(job_dir, os.path.basename(name)), "w") as f:
                 f.write(text)
+            faults.point("launch.wrote-files")
         with open(os.path.join(job_dir, f"{SPEC}.tmp"), "w") as f:
             f.write(spec_text)
         os.replace(os.path.join(job_dir, f"{SPEC}.tmp"), os.path.join(job_dir, SPEC))
+        faults.point("launch.wrote-spec")
     if os.path.exists(os.path.join(job_dir, RUNNER)):  # a dead runner's: wait below for the new one's
         os.remove(os.path.join(job_dir, RUNNER))
+        faults.point("launch.removed-dead-runner")
     runner = [sys.executable, os.path.abspath(__file__), "run", job_dir]
     spawn(
         runner,
@@ -567,6 +596,7 @@ def record_run(layout: Layout, run: str) -> None:
     with open(layout.current_run + ".tmp", "w") as f:
         f.write(run + "\n")
     os.replace(layout.current_run + ".tmp", layout.current_run)
+    faults.point("current-run.recorded")
 
 
 def _holders(paths: list[str]) -> list[tuple[int, str]]:

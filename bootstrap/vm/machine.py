@@ -34,6 +34,7 @@ TOOLS = (
     "jobrunner.py",
     "gcs.py",
     "retry.py",
+    "faults.py",
     "driver.py",
     "evals.py",
     "maxtext_check.py",
