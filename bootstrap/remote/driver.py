@@ -93,6 +93,12 @@ def decide(name: str, state: dict) -> tuple[Action, str]:
             Action.SKIP,
             f"{name}: done already, kept in the bucket (finished {clock(state.get('finished'))}), skipping",
         )
+    if job_state is JobState.DONE and state.get("source_gone"):
+        return (
+            Action.SKIP,
+            f"{name}: done already (finished {clock(state.get('finished'))}): the model is kept there, the VM's "
+            "copy it was made from is gone; nothing is trained or uploaded again (fab export makes a new one)",
+        )
     if job_state is JobState.DONE:
         return Action.SKIP, f"{name}: done already (finished {clock(state.get('finished'))}, outputs present), skipping"
     if job_state is JobState.RUNNING:

@@ -17,7 +17,8 @@ writes its exit code to a file: if the runner dies, the job goes on, and the nex
 re-attaches a new runner to it instead of starting a second copy. A job counts as done
 only when it exited 0 and every declared output exists; `done` is written after that
 check and never before. A job done for `inputs` (files it read, such as an export's
-SHA256SUMS) is done only while they are unchanged. Outputs may live in Cloud Storage
+SHA256SUMS) is done only while they are unchanged; while they are gone (a restart wiped /dev/shm) it
+stays done: a verified copy of an export is the run's result, never made again from a new export. Outputs may live in Cloud Storage
 (gs://, through gcs.py beside it): a job whose spec names a `record` there writes it once
 its outputs were verified, and a new VM that finds the record (and the outputs, verified
 again) takes the job as done instead of running it again.
@@ -86,7 +87,8 @@ class JobState(str, enum.Enum):
     LOST = "lost"
     """Was done, but its outputs have gone since (a restart wipes /dev/shm)."""
     STALE = "stale"
-    """Was done, but for inputs that have changed since (a copy of an export that was made again)."""
+    """Was done, but for inputs that have changed since (a copy of an export that was made again); inputs
+    that are gone leave a copy done."""
 
 
 class Layout:
@@ -257,7 +259,10 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
         if done.get("restored_from"):
             state["restored_from"] = done["restored_from"]
         if not missing and spec.get("inputs") and done.get("inputs") != inputs_digest(spec["inputs"]):
-            state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
+            if any(os.path.exists(os.path.expanduser(path)) for path in spec["inputs"]):
+                state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
+            else:  # a copy whose source is gone (a restart wiped /dev/shm): the verified copy is the result
+                state["source_gone"] = spec["inputs"]
     elif result:
         state["state"] = JobState.FAILED
     elif alive(runner) or alive(process):

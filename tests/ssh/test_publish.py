@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import yaml
 
 from tests.loopback import Fab
+from tests.stack import lose
 
 
 def set_results(fab: Fab, **results) -> None:
@@ -43,6 +46,24 @@ def test_upload_to_the_hub_verified_with_a_model_card(fab: Fab):
 
     again = fab("train", "--arg", "vars.num_batches=10")
     assert "publish-hub: done already" in again.stdout
+
+
+def test_a_finished_run_whose_model_is_on_the_hub_is_not_trained_again_after_a_restart(fab: Fab):
+    """A STANDARD VM restarted on maintenance keeps its disk and loses /dev/shm: the export, the converted
+    model and the checkpoints. The verified Hub copy is the run's result: the next no-op `fab train`
+    starts nothing and uploads nothing."""
+    repo = f"tester/restart-{fab.tmp.name}"
+    set_results(fab, hub_repo=repo)
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    commits = list(fab.hub.commits[repo])
+    lose(fab)
+    shutil.rmtree(fab.tmp / "shm")  # the restart
+    again = fab("train", "--arg", "vars.num_batches=2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "publish-hub: done already" in again.stdout and "the VM's copy it was made from is gone" in again.stdout
+    for job in ("prefetch", "convert", "train", "export", "publish-hub"):
+        assert f"{job}: starting" not in again.stdout and f"{job}: was done but" not in again.stdout
+    assert fab.hub.commits[repo] == commits  # nothing uploaded again
 
 
 def test_an_existing_public_repo_gets_nothing_when_private_is_asked(fab: Fab):
