@@ -4,12 +4,13 @@ apt's lock on a first boot, a mirror's hiccup, a failing step's record, uv pinne
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
 
 from bootstrap.jobs import environment
-from bootstrap.jobs.spec import VmSpec
+from bootstrap.jobs.spec import EnvironmentSpec, VmSpec
 from bootstrap.paths import REPO
 from bootstrap.vm import startup
 from tests.startupscript import SCRIPT, StartupRoot
@@ -109,3 +110,29 @@ def test_fab_reads_each_state_of_the_script():
     assert startup.parse("startup failed {not json").state is startup.StartupState.FAILED
     message = str(startup.failed("vm", failed, "/var/log/x.log", ["E: Could not get lock", ""]))
     assert "\n" not in message and "E: Could not get lock" in message and startup.RERUN in message
+
+
+@pytest.mark.parametrize(
+    ("version", "refused"), [("0.9.0", True), ("0.13.8", True), ("0.13.9", False), ("0.14.0", False)]
+)
+def test_the_setup_job_refuses_an_older_uv_in_one_line(tmp_path, version, refused):
+    """The setup job's own script with a uv of `version` first on PATH (a stand-in that only answers
+    --version, and fails anything else, so that a uv it accepts stops at the next step)."""
+    (tmp_path / "bin").mkdir()
+    uv = tmp_path / "bin" / "uv"
+    uv.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "uv {version}" && exit 0\nexit 9\n')
+    uv.chmod(0o755)
+    env_spec = EnvironmentSpec(packages=["maxtext==0.2.3"], venv=str(tmp_path / "venv"))
+    script = environment.setup_script(env_spec, str(tmp_path / "ready"))
+    result = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0 and not (tmp_path / "ready").exists()
+    message = f"the VM has uv {version}; the jobs need uv {environment.UV_MIN} or newer"
+    assert (message in result.stderr) is refused, result.stderr
+    if refused:
+        assert result.stderr.strip().count("\n") == 0 and startup.RERUN in result.stderr
