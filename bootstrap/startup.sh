@@ -37,7 +37,8 @@ mkdir -p "$(dirname "$LOG")" "$(dirname "$MARKER")"
 exec > >(tee -a "$LOG") 2>&1
 log() { echo "[tpu-rl startup $(date -u +%H:%M:%S)] $*"; }
 
-if [ -f "$MARKER" ]; then
+# Prepared, with the pinned uv: nothing to do. A VM prepared by an older script (another uv) runs again.
+if [ -f "$MARKER" ] && [ "$("$UV_DIR/uv" --version 2>/dev/null | cut -d' ' -f2)" = "$UV_VERSION" ]; then
   log "already prepared ($(cat "$MARKER")); nothing to do"
   exit 0
 fi
@@ -52,7 +53,7 @@ record_failure() {
   fi
 }
 trap record_failure EXIT
-rm -f "$FAILED"
+rm -f "$FAILED" "$MARKER"  # running again: neither done nor failed until it ends
 
 apt_get() {
   local try=1 code

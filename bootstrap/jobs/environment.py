@@ -51,7 +51,7 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
         '  found=$(uv --version 2>/dev/null | cut -d" " -f2) || true',
         f'  if [ "$(printf "%s\\n" {UV_MIN} "$found" | sort -V | head -n 1)" != {UV_MIN} ] || [ -z "$found" ]; then',
         f'    echo "the VM has uv ${{found:-(none)}}; the jobs need uv {UV_MIN} or newer: re-run the startup script'
-        f' ({RERUN}), which installs it" >&2',
+        f' ({RERUN}), which installs it, or (a VM given with -H) put such a uv on PATH" >&2',
         "    exit 1",
         "  fi",
         f"  step Python {q(env.python)}",

@@ -57,7 +57,7 @@ def test_a_lock_held_past_the_bound_leaves_the_failure_record(vm: StartupRoot):
 def test_a_failing_install_leaves_its_step_in_the_record(vm: StartupRoot):
     result = vm.run(STANDIN_FAIL="install", TPU_RL_APT_TRIES="3")
     assert result.returncode == 100 and not vm.marker.exists()
-    assert record(vm).step.startswith("system packages")
+    assert record(vm).step.startswith("system packages") and not vm.marker.exists()  # fab reads failed, not done
     assert [c.split()[2] for c in vm.calls] == ["update", "upgrade", "install", "install", "install"]
 
 
@@ -136,3 +136,14 @@ def test_the_setup_job_refuses_an_older_uv_in_one_line(tmp_path, version, refuse
     assert (message in result.stderr) is refused, result.stderr
     if refused:
         assert result.stderr.strip().count("\n") == 0 and startup.RERUN in result.stderr
+
+
+def test_a_vm_prepared_with_another_uv_runs_the_script_again(tmp_path):
+    """The marker of an older script, whose uv is not the pinned one: re-running it (the setup job's advice)
+    does the steps again instead of saying "nothing to do"."""
+    vm = StartupRoot(tmp_path)
+    vm.with_uv("0.9.0")
+    vm.marker.write_text("2026-01-01T00:00:00Z\n")
+    result = vm.run(STANDIN_FAIL="install", TPU_RL_APT_TRIES="1")  # stops before the download: no network
+    assert result.returncode == 100 and "nothing to do" not in result.stdout
+    assert record(vm).step.startswith("system packages") and not vm.marker.exists()  # fab reads failed, not done
