@@ -14,6 +14,7 @@ Standard library only: it runs on the VM and in a gke pod, with the job's own py
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import sys
@@ -31,7 +32,7 @@ CHECKPOINTS_ENV = "TPU_RL_CHECKPOINT_DIR"  # whose last committed step a start r
 
 def record_start(environ: dict[str, str]) -> str | None:
     """Write this start's record (before any training) and return where; None when the job asks for none.
-    A record that cannot be written is said on stderr and does not stop the job: it is accounting."""
+    A record that cannot be written is said on stderr and never stops the job: it is accounting."""
     folder = environ.get(DIR_ENV, "").rstrip("/")
     if not folder:
         return None
@@ -44,15 +45,13 @@ def record_start(environ: dict[str, str]) -> str | None:
         )
         record = {"started": time.time(), "host": host, "resumed_from": steps[-1] if steps else 0}
         path = f"{folder}/{time.time_ns()}-{host}.json"  # unique, and in the order of the starts
-        data = json.dumps(record).encode()
         if gcs.is_gcs(path):
-            gcs.write(path, data)
+            gcs.write(path, json.dumps(record).encode())
         else:
             os.makedirs(os.path.expanduser(folder), exist_ok=True)
-            with open(os.path.expanduser(path), "wb") as f:
-                f.write(data)
+            jobrunner.write_json(os.path.expanduser(path), record)
         return path
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - a storage error of any kind must not stop the training
         print(f"[tpu-rl] could not record this start in {folder}: {err}", file=sys.stderr)
         return None
 
@@ -65,7 +64,9 @@ def parse(texts: list[str]) -> list[dict]:
             record = json.loads(text)
         except ValueError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("started"), (int, float)):
-            found.append({"started": float(record["started"]), "host": str(record.get("host", "?")),
-                          "resumed_from": int(record.get("resumed_from") or 0)})  # fmt: skip
+        if not isinstance(record, dict):
+            continue
+        started, resumed = record.get("started"), record.get("resumed_from", 0)
+        if isinstance(started, (int, float)) and math.isfinite(started) and isinstance(resumed, int):
+            found.append({"started": float(started), "host": str(record.get("host", "?")), "resumed_from": resumed})
     return sorted(found, key=lambda attempt: attempt["started"])

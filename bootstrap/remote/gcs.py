@@ -8,6 +8,7 @@ MaxText's own business: it writes and reads its checkpoints in the bucket itself
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 try:
     from . import retry  # on the laptop: bootstrap.remote.retry
@@ -25,6 +26,8 @@ except ImportError:
 SCHEME = "gs://"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
 TIMEOUT_SECONDS = 60
+QUICK_SECONDS = 30  # how long `quick` calls ride out what may pass: within fab's own command timeout
+_patience = [retry.RETRY_SECONDS]  # this process's, for the calls to come
 REFRESH_SECONDS = 300  # a token this close to its end is fetched again (a runner lives as long as its job)
 _token: tuple[str, float] = ("", 0.0)  # the metadata server's access token and when it ends
 
@@ -58,16 +61,29 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {_token[0]}"}
 
 
+@contextlib.contextmanager
+def quick() -> Iterator[None]:
+    """Calls within give up after QUICK_SECONDS of what may pass: fab's own reads (status, a copy for
+    `fab metrics`) and the preflight's check answer while fab waits, where the runner and the driver
+    ride out 15 minutes."""
+    _patience.append(QUICK_SECONDS)
+    try:
+        yield
+    finally:
+        _patience.pop()
+
+
 def _call(url: str, data: bytes | None = None, method: str = "GET", parse: Callable = bytes):
-    """One request, `parse`d (a listing is JSON); what may pass is tried again for 15 minutes (retry.py:
-    the policy of the gke driver too, and Cloud Storage's advice of exponential backoff)."""
+    """One request, `parse`d (a listing is JSON); what may pass is tried again for 15 minutes, or
+    QUICK_SECONDS within `quick` (retry.py: the gke driver's policy too, and Cloud Storage's advice of
+    exponential backoff)."""
 
     def once():
         request = urllib.request.Request(url, data=data, method=method, headers=_headers())
         with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as answer:
             return parse(answer.read())
 
-    return retry.retrying(once)
+    return retry.retrying(once, seconds=_patience[-1])
 
 
 def names(url: str) -> list[str]:

@@ -663,7 +663,8 @@ def preflight(request: dict) -> list[dict]:
         present = os.path.isfile(path) and os.path.getsize(path) > 0
         check(f"secret {name}", present, f"{name} {'is stored' if present else 'is missing'} ({path})")
     if request.get("bucket"):
-        problem = gcs.probe(request["bucket"])
+        with gcs.quick():  # a check: an unreachable bucket is its answer, in seconds
+            problem = gcs.probe(request["bucket"])
         check(
             "bucket",
             problem is None,
@@ -680,17 +681,19 @@ def main(argv: list[str]) -> int:
     os.umask(0o077)  # logs, state and outputs of tpu-rl are the SSH user's alone
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
     try:
-        if command == "run":
+        if command == "run":  # the runner rides out a storage outage; fab's commands answer within its timeout
             return _Job(os.path.expanduser(args[0])).run()
         if command == "status":
-            print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
+            with gcs.quick():
+                print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
             return 0
         if command == "follow":
             return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
         if command == "tail":
             return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
         if command == "copy-down":
-            print(gcs.copy_down(args[0], os.path.expanduser(args[1])))
+            with gcs.quick():
+                print(gcs.copy_down(args[0], os.path.expanduser(args[1])))
             return 0
     except BrokenPipeError:
         return 0  # the reader went away (fab stopped following)

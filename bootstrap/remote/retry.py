@@ -11,6 +11,7 @@ Standard library only: it runs on the VM and in a gke pod.
 from __future__ import annotations
 
 import http.client
+import ssl
 import time
 import urllib.error
 from collections.abc import Callable
@@ -23,16 +24,22 @@ T = TypeVar("T")
 
 def may_pass(err: BaseException) -> bool:
     """A 429 or 5xx, a dropped or cut connection (a TLS error is an OSError), a timeout, a half answer, or
-    an answer that is not JSON (a proxy's error page)."""
+    an answer that is not JSON (a proxy's error page); not a certificate that fails verification."""
     if isinstance(err, urllib.error.HTTPError):
         return err.code == 429 or err.code >= 500
+    if isinstance(err, ssl.SSLCertVerificationError) or isinstance(
+        getattr(err, "reason", None), ssl.SSLCertVerificationError
+    ):
+        return False
     return isinstance(err, (OSError, ValueError, http.client.HTTPException))
 
 
-def retrying(call: Callable[[], T], transient: Callable[[BaseException], bool] = may_pass) -> T:
-    """`call()`, tried again with backoff (1 s doubling up to MAX_BACKOFF_SECONDS) for RETRY_SECONDS while
-    what fails is `transient`; then, or for anything else, its error."""
-    deadline, attempt = time.monotonic() + RETRY_SECONDS, 0
+def retrying(
+    call: Callable[[], T], transient: Callable[[BaseException], bool] = may_pass, seconds: float = RETRY_SECONDS
+) -> T:
+    """`call()`, tried again with backoff (1 s doubling up to MAX_BACKOFF_SECONDS) for `seconds` while what
+    fails is `transient`; then, or for anything else, its error."""
+    deadline, attempt = time.monotonic() + seconds, 0
     while True:
         try:
             return call()

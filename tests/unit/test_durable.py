@@ -137,6 +137,10 @@ def test_a_storage_outage_of_minutes_is_waited_out_and_a_longer_one_is_the_error
     with pytest.raises(urllib.error.HTTPError, match="503"):
         gcs.read("gs://b/o")
     assert retry.RETRY_SECONDS < clock[0] < retry.RETRY_SECONDS + 2 * retry.MAX_BACKOFF_SECONDS
+    clock[0] = 0.0
+    with gcs.quick(), pytest.raises(urllib.error.HTTPError, match="503"):  # fab's own reads: within its timeout
+        gcs.read("gs://b/o")
+    assert gcs.QUICK_SECONDS < clock[0] < gcs.QUICK_SECONDS + 2 * retry.MAX_BACKOFF_SECONDS < 120
     server.shutdown()
 
 

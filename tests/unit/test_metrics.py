@@ -176,7 +176,10 @@ def test_a_start_whose_events_never_reached_the_bucket_still_counts_from_its_dur
     records = [
         {"started": base, "host": "vm-1", "resumed_from": 0},
         {"started": base + 1000, "host": "vm-2", "resumed_from": 2},
-        "{half a rec",  # a record cut short is none
+        "{half a rec",  # a record cut short is none, and so is one that is not ours
+        {"started": float("nan"), "resumed_from": 1},
+        {"started": base, "resumed_from": "x"},
+        {"started": base, "resumed_from": [3]},
     ]
     tries = attempts_of(tmp_path / "tensorboard", [(range(3, 5), base + 1100)], records)
     assert [(t["host"], t["resumed_from"], sorted(t["times"])) for t in tries] == [("vm-1", 0, []), ("vm-2", 2, [3, 4])]
