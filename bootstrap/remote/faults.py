@@ -4,7 +4,8 @@ flushed), as SQLite's crash tests stop at every write and FoundationDB's BUGGIFY
 tests only.
 
 `point(NAME)` is inert unless the environment names it: TPU_RL_CRASH_AT=NAME kills the process at its
-first hit, NAME@N at its Nth. Off, it costs one comparison. A child process inherits the variable, so
+first hit, NAME@N at its Nth (having written NAME to the file TPU_RL_CRASH_NOTE names, if any: a test
+then knows the kill happened). Off, it costs one comparison. A child process inherits the variable, so
 a point in the runner fires in the runner that the driver starts. POINTS lists every point, and
 tests/unit/test_crash_points.py fails on a durable write in a VM-side module with no point after it.
 
@@ -17,6 +18,7 @@ import os
 import signal
 
 ENV = "TPU_RL_CRASH_AT"
+NOTE_ENV = "TPU_RL_CRASH_NOTE"
 POINTS = (
     # jobrunner.launch, a fresh attempt: the old verdict forgotten (exit code and process first), the
     # old log kept aside, the job's files and its spec written, a dead runner's record removed
@@ -32,7 +34,9 @@ POINTS = (
     # jobrunner._Job.run: the runner's record, each step's process and exit code, the verdict
     "run.recorded-runner",
     "run.forgot-step-exit-code",
+    "run.started-process",
     "run.recorded-process",
+    "run.process-going",
     "run.step-ended",
     "run.recorded-in-bucket",
     "run.wrote-done",
@@ -54,4 +58,7 @@ def point(name: str) -> None:
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == int(_nth or 1):
+        if note := os.environ.get(NOTE_ENV):
+            with open(note, "a") as f:
+                f.write(f"{name}\n")
         os.kill(os.getpid(), signal.SIGKILL)

@@ -68,6 +68,9 @@ REDACTED = b"<redacted>"  # what a secret becomes in any output (bootstrap/secre
 CONTROL_BYTES = (
     rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\^_]|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f])*"
 )
+# A step's shell: waits for the runner's "go" (sent once the process is recorded), runs the command with no
+# input, then keeps its exit code in the file named first.
+GO_THEN_RUN = 'IFS= read -r go; [ "$go" = go ] || exit 0; exec </dev/null; "$@"; echo $? > "$0"'
 QUIET_FLUSH_SECONDS = 1  # bytes held back for a secret's rest are shown once the log is quiet this long
 
 
@@ -313,13 +316,19 @@ class _Job:
         if os.path.exists(exit_file):
             os.remove(exit_file)
             faults.point("run.forgot-step-exit-code")
-        wrapper = ["/bin/sh", "-c", '"$@"; echo $? > "$0"', exit_file, *argv]
+        # The command starts only once its process is recorded: a runner that dies before that leaves no
+        # unrecorded copy running beside the next attempt (the shell reads "go", or EOF, and then exits).
+        wrapper = ["/bin/sh", "-c", GO_THEN_RUN, exit_file, *argv]
         cwd = os.path.expanduser(self.spec.get("cwd", "~"))
         child = subprocess.Popen(
-            wrapper, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+            wrapper, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True
         )
+        faults.point("run.started-process")
         write_json(self.path(PROCESS), {**identity(child.pid), "step": index})
         faults.point("run.recorded-process")
+        child.stdin.write(b"go\n")
+        child.stdin.close()
+        faults.point("run.process-going")
         forward = lambda signum, _frame: os.killpg(child.pid, signum)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)

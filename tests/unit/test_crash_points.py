@@ -1,11 +1,13 @@
 """The runner's protocol killed at every crash point (bootstrap/remote/faults.py), then driven to its end.
 
 Each case: a job with a follow-up step (as export has) ran once and is done; its input changes, so the
-next launch is a fresh attempt, and that launch (or the runner it starts) is SIGKILLed at one point.
-Then launches without faults, as the pipeline driver makes them, until the job is done. Checked after
-each: the job is done; its outputs are its latest attempt's, the follow-up's made from that attempt's
-main output (never an earlier attempt's); no two copies of a step ever ran at once; the main step ran
-at most once more than the attempts needed (an adopted step is not run again).
+next launch is a fresh attempt. That launch (or the runner it starts) is SIGKILLed at one point, and
+the point's note proves the kill happened. The adopt cases first kill the fresh attempt's runner while
+its main step runs, then kill the launch that adopts it at each point of that path. Then launches
+without faults, as the pipeline driver makes them, until the job is done. Checked after each: the job
+is done; its outputs are its latest attempt's, the follow-up's made from that attempt's main output
+(never an earlier attempt's); no two copies of a step ever ran at once; the main step ran at most once
+more than the attempts needed (an adopted step is not run again); a bucket record is the latest's.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ INSTRUMENTED = ("jobrunner.py",)
 DURABLE = {"write_json", "os.replace", "os.remove", "gcs.write"}
 PRIMITIVES = {"write_json", "preflight"}  # the atomic write itself; the libtpu lock is not ours
 RUNNER_POINTS = [p for p in faults.POINTS if p.startswith(("launch.", "run."))]
-if_bucket = {"run.recorded-in-bucket"}  # only a job with a record in the bucket reaches it
+IF_BUCKET = {"run.recorded-in-bucket"}  # only a job with a record in the bucket reaches it
+ADOPTED_WHILE = "run.process-going"  # the runner killed with its main step running: the next launch adopts it
+FRESH = [p for p in RUNNER_POINTS if p != "launch.removed-dead-runner"]  # a fresh attempt removed it already
+ADOPTING = ["launch.removed-dead-runner", *(p for p in RUNNER_POINTS if p.startswith("run.") and p not in IF_BUCKET)]
 
 JOB = """
 import json, os, sys, time
@@ -68,14 +73,16 @@ def spec(folder: Path) -> dict:
         "inputs": [str(folder / "input")],
         "outputs": [str(folder / "main.json"), str(folder / "after.json")],
         "cwd": str(folder),
+        "files": {"card.md": "what the job reads from its folder"},
     }
 
 
 def launch(job_dir: Path, spec_text: str, crash_at: str = "") -> int:
-    """One launch in its own process (a crash point kills it), with the fault named in its environment."""
-    env = {k: v for k, v in os.environ.items() if k != faults.ENV}
+    """One launch in its own process (a crash point kills it), with the fault named in its environment;
+    the point notes its kill in job_dir's parent."""
+    env = {k: v for k, v in os.environ.items() if k not in (faults.ENV, faults.NOTE_ENV)}
     if crash_at:
-        env[faults.ENV] = crash_at
+        env[faults.ENV], env[faults.NOTE_ENV] = crash_at, str(job_dir.parent / "killed")
     code = "import sys; from bootstrap.remote import jobrunner; jobrunner.launch(sys.argv[1], sys.argv[2])"
     return subprocess.run([sys.executable, "-c", code, str(job_dir), spec_text], env=env, cwd=REPO).returncode
 
@@ -91,29 +98,41 @@ def drive(job_dir: Path, spec_text: str, launches: int = 6) -> str:
     return jobrunner.job_state(str(job_dir))["state"]
 
 
-@pytest.mark.parametrize("point", RUNNER_POINTS)
-def test_a_kill_at_each_point_of_a_fresh_attempt_loses_nothing_and_mixes_no_attempts(
-    tmp_path, point, request, monkeypatch
-):
+def killed(tmp_path: Path) -> list[str]:
+    """The points that killed a process in this case, in order."""
+    return (tmp_path / "killed").read_text().split() if (tmp_path / "killed").exists() else []
+
+
+@pytest.mark.parametrize(
+    ("adopted", "point"), [*((False, p) for p in FRESH), *((True, p) for p in ADOPTING)], ids=lambda v: str(v)
+)
+def test_a_kill_at_each_point_loses_nothing_and_mixes_no_attempts(tmp_path, adopted, point, request, monkeypatch):
     (tmp_path / "job.py").write_text(JOB)
     (tmp_path / "input").write_text("1")
     planned = spec(tmp_path)
-    if point in if_bucket:  # a job whose done is recorded in the bucket too (its outputs are all there on a VM)
+    if point in IF_BUCKET:  # a job whose done is recorded in the bucket too (its outputs are all there on a VM)
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", request.getfixturevalue("gcs_emulator"))
         planned["record"] = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/tpu-rl/runs/r1/export.json"
     job_dir, text = tmp_path / "job", json.dumps(planned)
     assert drive(job_dir, text) == "done"  # attempt 1, clean
     (tmp_path / "input").write_text("2")  # the input changed: attempt 2 must be a fresh one
     assert jobrunner.job_state(str(job_dir))["state"] == "stale"
-    code = launch(job_dir, text, crash_at=point)
+    if adopted:
+        launch(job_dir, text, crash_at=ADOPTED_WHILE)
+        wait_for(lambda: killed(tmp_path) == [ADOPTED_WHILE], 60, "the first runner's kill")
+        wait_for(lambda: jobrunner.job_state(str(job_dir))["state"] != "running", 60, "the orphaned main step")
+        assert jobrunner.job_state(str(job_dir))["state"] == "interrupted"
+    launch(job_dir, text, crash_at=point)
+    faults_made = [*([ADOPTED_WHILE] if adopted else []), point]  # each fault did happen (a runner's, soon after)
+    wait_for(lambda: killed(tmp_path) == faults_made, 60, f"the kill at {point}")
     final = drive(job_dir, text)
     main, after = (json.loads((tmp_path / name).read_text()) for name in ("main.json", "after.json"))
-    assert final == "done", (point, code, (job_dir / "log").read_text()[-2000:])
+    assert final == "done", (point, (job_dir / "log").read_text()[-2000:])
     assert main["attempt"] == "2", point  # made by the latest attempt, from the input as it is now
     assert after["made_from"] == main, point  # the follow-up ran on that attempt's output, not an older one
     assert not (tmp_path / "violations").exists(), (tmp_path / "violations").read_text()
     assert int((tmp_path / "main-runs").read_text()) <= 3, point  # attempt 1, attempt 2, at most one retry
-    if point in if_bucket:
+    if point in IF_BUCKET:
         assert json.loads(gcs.read(planned["record"]))["inputs"] == jobrunner.inputs_digest(planned["inputs"])
 
 
