@@ -262,10 +262,11 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
         if done.get("restored_from"):
             state["restored_from"] = done["restored_from"]
         if not missing and spec.get("inputs") and done.get("inputs") != inputs_digest(spec["inputs"]):
-            if any(os.path.exists(os.path.expanduser(path)) for path in spec["inputs"]):
+            gone = not any(os.path.exists(os.path.expanduser(path)) for path in spec["inputs"])
+            if gone and (planned is None or planned.get("inputs") == spec["inputs"]):
+                state["source_gone"] = spec["inputs"]  # a restart wiped /dev/shm: the verified copy is the result
+            else:  # changed, or the plan now copies another export
                 state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
-            else:  # a copy whose source is gone (a restart wiped /dev/shm): the verified copy is the result
-                state["source_gone"] = spec["inputs"]
     elif result:
         state["state"] = JobState.FAILED
     elif alive(runner) or alive(process):

@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from bootstrap.remote import jobrunner
+from bootstrap.remote import gcs, jobrunner
 from bootstrap.remote.driver import PipelineState
 from tests import gcsemulator
 from tests.loopback import Fab, wait_for
@@ -148,7 +148,11 @@ def test_fab_metrics_reads_the_events_from_the_bucket(recovery: dict):
     with (fab.tmp / "runs" / "r1" / "metrics.csv").open() as f:
         steps = [int(row["step"]) for row in csv.DictReader(f)]
     assert set(range(LOST_AFTER + 1, STEPS + 1)) <= set(steps), steps  # the new VM's attempt, from the bucket
-    assert "train started 2 times" in result.stdout  # each start wrote its own event file there
+    # each start recorded itself in the bucket before it trained (the lost VM's events may never have)
+    records = gcs.names(f"{recovery['durable']}/post-train/r1/attempts/")
+    assert len(records) == 2, records
+    assert f"train started 2 times (resumed from step {LOST_AFTER})" in " ".join(result.stdout.split())
     losses = json.loads((fab.tmp / "runs" / "r1" / "summary.json").read_text())["train_losses"]
     assert losses["attempts"] == 2 and losses["steps_redone"] == 0  # lost right after a checkpoint: none
+    assert losses["resumed_from"] == [0, LOST_AFTER]  # from the records: the event files cannot say it
     assert losses["minutes_restarting"] > 0

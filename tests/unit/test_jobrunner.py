@@ -226,3 +226,25 @@ def test_tail_starts_at_a_whole_line_so_a_token_cut_by_the_seek_never_shows(tmp_
         [sys.executable, jobrunner.__file__, "tail", str(job), "5"], capture_output=True, text=True, check=True
     )
     assert token[-10:] not in result.stdout and result.stdout.endswith("last\n")
+
+
+def test_a_copy_whose_source_is_gone_stays_done_unless_the_plan_copies_another(tmp_path):
+    """A restart wiped the export a copy was made from: the copy is the run's result (done). A plan that now
+    copies another export (export_dir changed) makes it stale; so does an export made again."""
+    source = tmp_path / "export" / "SHA256SUMS"
+    source.parent.mkdir()
+    source.write_text("abc  model.safetensors\n")
+    out = tmp_path / "copied.json"
+    spec = {"name": "publish-gcs", "argv": [sys.executable, "-c", f"open({str(out)!r}, 'w').write('{{}}')"],
+            "env": {}, "secrets": [], "outputs": [str(out)], "inputs": [str(source)], "cwd": str(tmp_path)}  # fmt: skip
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "spec.json").write_text(json.dumps(spec))
+    assert jobrunner._Job(str(job)).run() == 0 and jobrunner.job_state(str(job))["state"] == "done"
+    source.unlink()
+    gone = jobrunner.job_state(str(job), spec)
+    assert gone["state"] == "done" and gone["source_gone"] == [str(source)]
+    elsewhere = {**spec, "inputs": [str(tmp_path / "other" / "SHA256SUMS")]}
+    assert jobrunner.job_state(str(job), elsewhere)["state"] == "stale"
+    source.write_text("def  model.safetensors\n")  # exported again
+    assert jobrunner.job_state(str(job), spec)["state"] == "stale"
