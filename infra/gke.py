@@ -32,6 +32,9 @@ NAMESPACE = "tpu-rl"
 JOBS_SERVICE_ACCOUNT = "tpu-rl-jobs"
 DRIVER_SERVICE_ACCOUNT = "tpu-rl-driver"  # the pipeline's driver (bootstrap/remote/gke_driver.py)
 USERS = {"jobs": JOBS_SERVICE_ACCOUNT, "driver": DRIVER_SERVICE_ACCOUNT}  # Pulumi name -> Kubernetes service account
+# What each user may do on the bucket: the jobs write checkpoints and exports; the driver only reads what they
+# wrote (commit markers, inputs' digests), so a driver's bug or stolen token cannot change a result.
+BUCKET_ROLES_OF = {"jobs": BUCKET_ROLES, "driver": ("roles/storage.objectViewer",)}
 DRIVER_RULES = [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["get", "create", "delete"]}]
 CLUSTER_QUEUE = "cluster-queue"  # XPK's names
 LOCAL_QUEUE = "multislice-queue"
@@ -140,7 +143,8 @@ def queue_objects(settings: Settings, opts: pulumi.ResourceOptions) -> None:
 
 
 class GkeSlice(pulumi.ComponentResource):
-    """The cluster, its TPU and CPU pools, the bucket and the jobs' identity, JobSet, Kueue and the queues."""
+    """The cluster, its TPU and CPU pools, the bucket, the jobs' and the driver's identities, JobSet, Kueue and the
+    queues."""
 
     def __init__(self, name: str, settings: Settings, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{PROJECT}:index:GkeSlice", name, None, opts)
@@ -211,25 +215,7 @@ class GkeSlice(pulumi.ComponentResource):
         )
 
         self.bucket = results_bucket(s, labels, child)
-        account = gcp.serviceaccount.Account(
-            "jobs",
-            account_id=f"{gke.cluster_name}-jobs"[:30].rstrip("-"),
-            display_name=f"{PROJECT} GKE jobs",
-            opts=child,
-        )
-        member = account.email.apply(lambda email: f"serviceAccount:{email}")
-        for role in BUCKET_ROLES:
-            gcp.storage.BucketIAMMember(
-                role.rsplit(".", 1)[1], bucket=self.bucket.name, role=role, member=member, opts=child
-            )
-        for key, user in USERS.items():  # the driver reads what the jobs wrote
-            gcp.serviceaccount.IAMMember(
-                f"{key}-workload-identity",
-                service_account_id=account.name,
-                role="roles/iam.workloadIdentityUser",
-                member=f"serviceAccount:{s.gcp_project}.svc.id.goog[{NAMESPACE}/{user}]",
-                opts=child,
-            )
+        emails = {key: self._google_account(key, s, child) for key in USERS}
 
         provider = k8s.Provider("gke", kubeconfig=kubeconfig(self.cluster), opts=child)
         in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
@@ -238,7 +224,7 @@ class GkeSlice(pulumi.ComponentResource):
         namespace = k8s.core.v1.Namespace("namespace", metadata={"name": NAMESPACE}, opts=in_cluster)
         in_namespace = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace])
         for key, user in USERS.items():
-            identity = {"iam.gke.io/gcp-service-account": account.email}
+            identity = {"iam.gke.io/gcp-service-account": emails[key]}
             k8s.core.v1.ServiceAccount(
                 key, metadata={"name": user, "namespace": NAMESPACE, "annotations": identity}, opts=in_namespace
             )
@@ -253,3 +239,31 @@ class GkeSlice(pulumi.ComponentResource):
         )
         queue_objects(s, pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[kueue, jobset, namespace]))
         self.register_outputs({"cluster": self.cluster.name, "bucket": self.bucket.name})
+
+    def _google_account(self, key: str, s: Settings, child: pulumi.ResourceOptions) -> pulumi.Output[str]:
+        """The Google service account of one Kubernetes user (Workload Identity), with only its roles on the
+        bucket; its email, for the Kubernetes account's annotation."""
+        account = gcp.serviceaccount.Account(
+            key,
+            account_id=f"{s.gke.cluster_name}-{key}"[:30].rstrip("-"),
+            display_name=f"{PROJECT} GKE {key}",
+            opts=child,
+        )
+        member = account.email.apply(lambda email: f"serviceAccount:{email}")
+        for role in BUCKET_ROLES_OF[key]:
+            grant = role.rsplit(".", 1)[1]  # the jobs' grants keep their first names: never replaced under a job
+            gcp.storage.BucketIAMMember(
+                grant if key == "jobs" else f"{key}-{grant}",
+                bucket=self.bucket.name,
+                role=role,
+                member=member,
+                opts=child,
+            )
+        gcp.serviceaccount.IAMMember(
+            f"{key}-workload-identity",
+            service_account_id=account.name,
+            role="roles/iam.workloadIdentityUser",
+            member=f"serviceAccount:{s.gcp_project}.svc.id.goog[{NAMESPACE}/{USERS[key]}]",
+            opts=child,
+        )
+        return account.email

@@ -243,6 +243,10 @@ DRIVER_JOB = "pipeline"
 DRIVER_RESOURCES = {"cpu": "500m", "memory": "512Mi"}  # it polls a few JobSets and lists a few objects
 DRIVER_IDENTITY = "/driver"  # no job's name has a "/": never a job's JobSet
 DRIVER_RESTARTS = 3  # a driver that crashed (the API away too long) is started again: a new pass adopts what runs
+PLAN_ENV = "TPU_RL_PLAN"
+# Linux's MAX_ARG_STRLEN: one environment string ("NAME=value" and its NUL) at most 128 KiB, or the pod's
+# container does not even start (E2BIG), after the JobSet was admitted.
+MAX_ENV_STRING = 128 * 1024
 
 
 def driver_name(run_name: str) -> str:
@@ -259,7 +263,7 @@ def driver_jobset(plan: dict, target: Slice, run_name: str) -> dict:
         "image": target.image,  # for its python3: the driver's code is in the ConfigMap
         "imagePullPolicy": "IfNotPresent",
         "command": ["python3", f"{TOOLS_DIR}/gke_driver.py", SERVICE_ACCOUNT_DIR, NAMESPACE],
-        "env": [{"name": "TPU_RL_PLAN", "value": _literal(json.dumps(plan, sort_keys=True))}],
+        "env": [{"name": PLAN_ENV, "value": _plan_value(plan)}],
         "resources": {"requests": DRIVER_RESOURCES, "limits": dict(DRIVER_RESOURCES)},
     }
     metadata = _metadata(DRIVER_JOB, [], target, run_name, {}, identity=DRIVER_IDENTITY)
@@ -278,6 +282,19 @@ def driver_jobset(plan: dict, target: Slice, run_name: str) -> dict:
     }
     job["template"]["spec"]["serviceAccountName"] = DRIVER_SERVICE_ACCOUNT
     return jobset
+
+
+def _plan_value(plan: dict) -> str:
+    """The plan as the driver's environment value; a plan too large for one is refused before anything is made."""
+    value = _literal(json.dumps(plan, sort_keys=True))
+    size = len(f"{PLAN_ENV}={value}".encode()) + 1
+    if size > MAX_ENV_STRING:
+        raise UserError(
+            f"the pipeline's plan is {size / 1024:.0f} KiB, beyond the {MAX_ENV_STRING // 1024} KiB Linux allows one "
+            f"environment value ({PLAN_ENV} of the driver's pod); nothing was created: shorten the jobs' long values "
+            "(--arg, jobs/*.yaml) or run fewer jobs at once (fab convert, then fab train)"
+        )
+    return value
 
 
 def _literal(text: str) -> str:

@@ -25,6 +25,7 @@ one JSON object a line), seen (touched by every fab command and watcher: autosto
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fcntl
 import json
@@ -490,55 +491,64 @@ def follow(layout: Layout, out=None) -> int:
     `replaced` when another fab command started a new pass.
     """
     out = out or sys.stdout
-    path, logs, position, last_seen = _path(layout, EVENTS), {}, 0, 0.0
+    path, logs, last_seen = _path(layout, EVENTS), {}, 0.0
     plan = read_json(_path(layout, PLAN)) or {"jobs": []}
     folders = {job["name"]: os.path.expanduser(job["job_dir"]) for job in plan["jobs"]}
+    events = None  # this pass's events file, held open: its identity cannot pass to a new file meanwhile
 
     def send(items) -> None:
         for item in items:  # one at a time: a long log is never held whole
             out.write(json.dumps(item) + "\n")
 
-    while True:
-        if time.monotonic() - last_seen > SEEN_EVERY_SECONDS:
-            touch_seen(layout)
-            last_seen = time.monotonic()
-        record = info(layout)
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        if size < position:  # another fab started a new pass
-            send([{"event": "replaced", "record": record}])
-            return 0
-        text = b""
-        if size > position:
-            with open(path, "rb") as f:
-                f.seek(position)
-                text = f.read(READ_EVENTS)
-        complete = text[: text.rfind(b"\n") + 1]
-        position += len(complete)
-        for line in complete.decode().splitlines():
-            event = json.loads(line)
-            job = event.get("job")
-            if event["event"] == "decide" and event["action"] != Action.SKIP.value and job in folders:
-                logs[job] = _Lines(folders[job])
-            if event["event"] == "end" and job in logs:
-                send(logs.pop(job).items(job, final=True))
-            send([event])
-            if event["event"] == "finished":
+    with contextlib.ExitStack() as held:
+        while True:
+            if time.monotonic() - last_seen > SEEN_EVERY_SECONDS:
+                touch_seen(layout)
+                last_seen = time.monotonic()
+            record = info(layout)
+            if events is None and os.path.exists(path):
+                events = held.enter_context(open(path, "rb"))
+            if events is not None and not _same_file(events, path):  # another fab started a new pass
+                send([{"event": "replaced", "record": record}])
+                return 0
+            text = events.read(READ_EVENTS) if events is not None else b""
+            complete = text[: text.rfind(b"\n") + 1]
+            if events is not None:
+                events.seek(len(complete) - len(text), os.SEEK_CUR)  # a half-written line is read again, whole
+            for line in complete.decode().splitlines():
+                event = json.loads(line)
+                job = event.get("job")
+                if event["event"] == "decide" and event["action"] != Action.SKIP.value and job in folders:
+                    logs[job] = _Lines(folders[job])
+                if event["event"] == "end" and job in logs:
+                    send(logs.pop(job).items(job, final=True))
+                send([event])
+                if event["event"] == "finished":
+                    out.flush()
+                    return 0
+            busy = bool(complete)
+            for job, log in logs.items():
+                items = list(log.items(job))  # one chunk's lines
+                busy |= bool(items)
+                send(items)
+            out.flush()
+            if not busy and record and not record["alive"] and record["state"] == PipelineState.INTERRUPTED.value:
+                for job, log in logs.items():
+                    send(log.items(job, final=True))
+                send([{"event": "driver-lost", "record": record}])
                 out.flush()
                 return 0
-        busy = bool(complete)
-        for job, log in logs.items():
-            items = list(log.items(job))  # one chunk's lines
-            busy |= bool(items)
-            send(items)
-        out.flush()
-        if not busy and record and not record["alive"] and record["state"] == PipelineState.INTERRUPTED.value:
-            for job, log in logs.items():
-                send(log.items(job, final=True))
-            send([{"event": "driver-lost", "record": record}])
-            out.flush()
-            return 0
-        if not busy:
-            time.sleep(jobrunner.FOLLOW_POLL_SECONDS)
+            if not busy:
+                time.sleep(jobrunner.FOLLOW_POLL_SECONDS)
+
+
+def _same_file(handle, path: str) -> bool:
+    """`path` still names the file `handle` reads (not one that replaced it)."""
+    try:
+        now, held = os.stat(path), os.fstat(handle.fileno())
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
 
 def main(argv: list[str]) -> int:

@@ -57,6 +57,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs.update(endpoint="203.0.113.20", masterAuth={"clusterCaCertificate": "Q0E="})
         if args.typ == "gcp:serviceaccount/account:Account":
             outputs["email"] = f"{args.inputs['accountId']}@my-project.iam.gserviceaccount.com"
+            outputs["name"] = f"projects/my-project/serviceAccounts/{outputs['email']}"  # as the provider gives it
         return f"{args.name}-id", outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs):

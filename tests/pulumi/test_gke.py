@@ -84,12 +84,28 @@ def test_cluster_cpu_pool_and_identity_as_xpk_sets_them_up():
     assert cpu["name"] == "cpu-np"  # the pool XPK's Pathways head is scheduled on
     assert cpu["nodeConfig"]["machineType"] == "n2-standard-64"  # --pathways-gce-machine-type default
     assert cpu["autoscaling"] == {"minNodeCount": 1, "maxNodeCount": 20}
-    roles = {r.inputs["role"] for r in stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")}
-    assert roles == {"roles/storage.objectAdmin", "roles/storage.legacyBucketReader"}
-    members = {r.inputs["member"] for r in stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")}
-    assert members == {
-        f"serviceAccount:my-project.svc.id.goog[tpu-rl/{user}]" for user in ("tpu-rl-jobs", "tpu-rl-driver")
+    emails = {r.inputs["accountId"]: f"{r.inputs['accountId']}@my-project.iam.gserviceaccount.com"
+              for r in stack.of_type("gcp:serviceaccount/account:Account")}  # fmt: skip
+    assert set(emails) == {"tpu-rl-jobs", "tpu-rl-driver"}  # one Google identity per Kubernetes user
+    grants = {
+        (r.inputs["member"], r.inputs["role"]) for r in stack.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
     }
+    assert grants == {
+        (f"serviceAccount:{emails['tpu-rl-jobs']}", "roles/storage.objectAdmin"),
+        (f"serviceAccount:{emails['tpu-rl-jobs']}", "roles/storage.legacyBucketReader"),
+        (f"serviceAccount:{emails['tpu-rl-driver']}", "roles/storage.objectViewer"),  # the driver only reads
+    }
+    bindings = {
+        r.inputs["member"]: r.inputs["serviceAccountId"]
+        for r in stack.of_type("gcp:serviceaccount/iAMMember:IAMMember")
+    }
+    assert bindings == {
+        f"serviceAccount:my-project.svc.id.goog[tpu-rl/{user}]": f"projects/my-project/serviceAccounts/{emails[user]}"
+        for user in ("tpu-rl-jobs", "tpu-rl-driver")
+    }  # each Kubernetes user may act as its own Google account only
+    annotations = {r.inputs["metadata"]["name"]: r.inputs["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+                   for r in stack.of_type("kubernetes:core/v1:ServiceAccount")}  # fmt: skip
+    assert annotations == {"tpu-rl-jobs": emails["tpu-rl-jobs"], "tpu-rl-driver": emails["tpu-rl-driver"]}
     assert not stack.of_type("gcp:compute/instance:Instance")  # no SSH VM on this backend
 
 

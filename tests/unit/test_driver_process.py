@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from bootstrap.remote import driver, jobrunner
 from bootstrap.remote.jobrunner import Layout
+from tests.loopback import wait_for
 
 
 def plan(tmp_path, jobs: list[tuple[str, str, list[str]]], **extra) -> dict:
@@ -99,3 +101,39 @@ def test_follow_touches_seen_and_stops_at_the_end(tmp_path):
     assert driver.follow(Layout(str(tmp_path / "state")), out) == 0  # replays the finished pass, then ends
     assert json.loads(out.getvalue().splitlines()[-1])["event"] == "finished"
     assert os.path.exists(os.path.join(str(tmp_path / "state"), "pipeline", driver.SEEN))
+
+
+class _Collected:
+    """A watcher's end of `follow`: the JSON lines it was sent."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def write(self, text: str) -> None:
+        self.items.extend(json.loads(line) for line in text.splitlines())
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_new_pass_is_told_by_its_events_files_identity_not_its_size(tmp_path):
+    """Another fab's new pass replaces events.jsonl with a file longer than what was read: the watcher of the
+    old pass says `replaced`, never reads the new file from the old position (mid-line) as its own."""
+    layout = Layout(str(tmp_path / "state"))
+    os.makedirs(layout.pipeline)
+    record = {**jobrunner.identity(os.getpid()), "state": "running", "digest": "d1", "run": "r1"}  # alive: this process
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.DRIVER), record)
+    events = os.path.join(layout.pipeline, driver.EVENTS)
+    with open(events, "w") as f:
+        f.write(json.dumps({"event": "pass", "run": "r1"}) + "\n")
+    out = _Collected()
+    watcher = threading.Thread(target=driver.follow, args=(layout, out), daemon=True)
+    watcher.start()
+    wait_for(lambda: out.items, 30, "the first pass's event")
+    os.replace(events, f"{events}.previous")  # what `start` does for a new pass
+    with open(events, "w") as f:
+        f.writelines(json.dumps({"event": "pass", "run": "r2", "n": n}) + "\n" for n in range(50))
+    watcher.join(30)
+    assert not watcher.is_alive()
+    assert [item["event"] for item in out.items] == ["pass", "replaced"]
+    assert out.items[0]["run"] == "r1"

@@ -317,3 +317,13 @@ def test_a_value_means_the_same_in_a_pod_as_on_the_vm():
     words = [kubestub.expand(word, {"HF_TOKEN": "hf_secret", **env}) for word in trainer["command"]]
     assert "run_name=cost$$5-$(HF_TOKEN)" in words and "hf_secret" not in " ".join(words)
     assert env["NOTE"] == "$(HF_TOKEN) and $$" == jobs["train"].env["NOTE"]
+
+
+def test_a_plan_too_large_for_one_environment_value_is_refused_in_one_line():
+    """The driver's plan travels in one environment value: past Linux's 128 KiB its pod could never start."""
+    fits = {"run": "r1", "digest": "d", "jobs": [{"name": "train", "note": "x" * 100_000}]}
+    assert json.loads(jobsets.driver_jobset(fits, TARGET, "r1")["spec"]["replicatedJobs"][0]["template"]["spec"]
+                      ["template"]["spec"]["containers"][0]["env"][0]["value"]) == fits  # fmt: skip
+    too_large = {**fits, "jobs": [{"name": "train", "note": "$" * 70_000}]}  # each $ escaped as $$: 140 KB
+    with pytest.raises(UserError, match=r"^the pipeline's plan is 137 KiB, beyond the 128 KiB .*nothing was created"):
+        jobsets.driver_jobset(too_large, TARGET, "r1")
