@@ -74,8 +74,8 @@ apt_get update -q
 step "apt upgrade"
 apt_get upgrade -y -q --fix-missing
 
-step "system packages: build tools for vLLM, git for the extra deps, pip for uv"
-apt_get install -y -q build-essential cmake ninja-build git curl python3-pip
+step "system packages: build tools for vLLM, git for the extra deps, pip for uv, cron to revive a dead driver"
+apt_get install -y -q build-essential cmake ninja-build git curl python3-pip cron
 
 step "uv $UV_VERSION, system-wide so that every user finds it"
 if [ "$("$UV_DIR/uv" --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then

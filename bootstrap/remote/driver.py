@@ -14,13 +14,20 @@ the plan's autostop time, it shuts the VM down.
                                  with --follow, then stream as `follow` does
     follow STATE_DIR             the pipeline's events and its started jobs' log lines (secrets
                                  redacted) as JSON lines, until the pipeline has ended
-    wake STATE_DIR               a fab command is here: restart a driver that died mid-pipeline,
-                                 put autostop back; print the pipeline's state as JSON
-    run STATE_DIR                the driver itself (started by start)
+    wake STATE_DIR               a fab command is here: restart a driver that died mid-pipeline or
+                                 while it waited to autostop, put autostop back; print the
+                                 pipeline's state as JSON
+    revive STATE_DIR             what the VM's crontab runs (every few minutes, and at boot), with
+                                 no fab command: restart a driver that died (OOM, reboot) as wake
+                                 does, without counting as a fab command, at most REVIVALS times a
+                                 plan mid-pipeline
+    run STATE_DIR [--autostop]   the driver itself (started by start); --autostop: only the wait to
+                                 shut down of a pipeline that is done
 
 The files of the pipeline folder (Layout.pipeline): plan.json (the plan being driven),
 driver.json (the driver's pid and the pipeline's state), events.jsonl (what the driver did,
-one JSON object a line), seen (touched by every fab command and watcher: autostop's clock).
+one JSON object a line), seen (touched by every fab command and watcher: autostop's clock),
+revived.json (how often `revive` restarted the driver of which plan).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,20 +47,26 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 try:
-    from . import jobrunner  # on the laptop: bootstrap.remote.driver
+    from . import faults, jobrunner  # on the laptop: bootstrap.remote.driver
 except ImportError:
-    import jobrunner  # on the VM: beside this script in the tools folder
+    import faults  # on the VM: beside this script in the tools folder
+    import jobrunner
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
 read_json, write_json = jobrunner.read_json, jobrunner.write_json
-PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR = (
+PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED = (
     "plan.json",
     "driver.json",
     "events.jsonl",
     "seen",
     "start.lock",
     "driver.err",
+    "revived.json",
 )
+REVIVALS = 3  # a driver that keeps dying mid-pipeline with no fab command is not started in a loop
+# The VM's crontab line that revives a dead driver with no fab command (`{tool}` and `{state}` quoted).
+CRON_LINE = "{when} python3 {tool} revive {state} >/dev/null 2>&1  # tpu-rl: revive the pipeline driver"
+CRON_TIMES = ("*/5 * * * *", "@reboot")
 POLL_SECONDS = 0.1  # a finished job is noticed, and its dependants started, within this
 SEEN_EVERY_SECONDS = 10  # a watcher marks itself seen this often
 START_WAIT_SECONDS = 60
@@ -270,7 +284,7 @@ def info(layout: Layout) -> dict | None:
 class Driver:
     """One pass over the plan, then autostop: the process `start` leaves running on the VM."""
 
-    def __init__(self, layout: Layout, plan: dict):
+    def __init__(self, layout: Layout, plan: dict, since: float | None = None):
         self.layout, self.plan = layout, plan
         self.record = {
             **identity(os.getpid()),
@@ -280,7 +294,7 @@ class Driver:
             "started_by": plan.get("started_by", ""),
             "jobs": [job["name"] for job in plan["jobs"]],
             "state": PipelineState.RUNNING.value,
-            "since": time.time(),
+            "since": since or time.time(),
             "running": [],
             "failed": {},
             "autostop_at": None,
@@ -317,6 +331,14 @@ class Driver:
 
     def _preflight(self) -> list[dict]:
         return jobrunner.preflight(self.plan["preflight"])
+
+    def wait_to_autostop(self) -> int:
+        """A done pipeline whose driver died while it waited to shut the VM down: the wait alone, its idle
+        clock kept (`since`: when the pipeline ended)."""
+        self.save(state=PipelineState.DONE.value)
+        self.emit({"event": "revived", "for": "autostop"})
+        self.autostop()
+        return 0
 
     def run(self) -> int:
         try:
@@ -370,7 +392,7 @@ class Driver:
                 since = time.time()  # failed: try again after another idle time
 
 
-def run(layout: Layout) -> int:
+def run(layout: Layout, autostop_only: bool = False) -> int:
     """The driver process: holds the VM's lock for the whole pipeline (and its autostop wait)."""
     with open(layout.lock, "a+") as lock:
         try:
@@ -380,18 +402,30 @@ def run(layout: Layout) -> int:
             return BUSY
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # replaced by a new plan while waiting to autostop
         plan = read_json(_path(layout, PLAN))
+        if autostop_only:
+            return Driver(layout, plan, since=(read_json(_path(layout, DRIVER)) or {}).get("since")).wait_to_autostop()
         return Driver(layout, plan).run()
 
 
-def _spawn(layout: Layout) -> dict:
+def _spawn(layout: Layout, autostop_only: bool = False) -> dict:
     """Start the driver detached and return its record once it has written one."""
 
     def record_of(pid: int) -> dict | None:
         record = read_json(_path(layout, DRIVER))
         return record if record and record.get("pid") == pid else None
 
-    argv = [sys.executable, os.path.abspath(__file__), "run", layout.root]
+    argv = [sys.executable, os.path.abspath(__file__), "run", layout.root, *(["--autostop"] if autostop_only else [])]
     return jobrunner.spawn(argv, _path(layout, DRIVER_ERR), record_of, "the pipeline driver", START_WAIT_SECONDS)
+
+
+def waiting_to_autostop(record: dict | None) -> bool:
+    """A done pipeline that is to shut the VM down and has not yet (its driver waits, or died waiting)."""
+    return bool(
+        record
+        and record["state"] == PipelineState.DONE.value
+        and record.get("autostop_idle")
+        and (record.get("shutdown") or {}).get("exit_code") != 0
+    )
 
 
 def _stop(record: dict) -> None:
@@ -424,23 +458,73 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         if os.path.exists(events):
             os.replace(events, f"{events}.previous")
         jobrunner.record_run(layout, plan["run"])
+        if (plan.get("autostop") or {}).get("idle_seconds"):
+            keep_reviving(layout)  # the VM shuts down even if this driver dies (OOM, reboot) with no fab to come
         return 0, {"started": _spawn(layout)}
 
 
 def wake(layout: Layout) -> dict | None:
-    """Every fab command: seen now (autostop waits again); a driver that died mid-pipeline starts again."""
+    """Every fab command: seen now (autostop waits again); a driver that died starts again."""
     if not os.path.isdir(layout.pipeline):
         return None
     with open(_path(layout, START_LOCK), "a+") as serial:
         fcntl.flock(serial, fcntl.LOCK_EX)
         touch_seen(layout)
+        return _revived(layout, info(layout))
+
+
+def revive(layout: Layout) -> dict | None:
+    """The crontab's look, with no fab command: a driver that died starts again, mid-pipeline at most
+    REVIVALS times a plan (one that keeps dying is left for a fab command to show); `seen` is not touched."""
+    if not os.path.isdir(layout.pipeline):
+        return None
+    with open(_path(layout, START_LOCK), "a+") as serial:
+        fcntl.flock(serial, fcntl.LOCK_EX)
         current = info(layout)
-        if current and current["state"] == PipelineState.INTERRUPTED.value:
-            try:
-                return {**_spawn(layout), "alive": True, "revived": True}
-            except RuntimeError as err:
-                return {**current, "error": str(err)}
+        if not current or current["alive"]:
+            return current
+        if current["state"] == PipelineState.INTERRUPTED.value:
+            counted = read_json(_path(layout, REVIVED)) or {}
+            count = counted.get("count", 0) if counted.get("digest") == current["digest"] else 0
+            if count >= REVIVALS:
+                return current
+            write_json(_path(layout, REVIVED), {"digest": current["digest"], "count": count + 1})
+            faults.point("revive.counted")
+        return _revived(layout, current)
+
+
+def _revived(layout: Layout, current: dict | None) -> dict | None:
+    """`current` with its dead driver started again where one is needed: a new pass for a pipeline it left
+    mid-way, the wait alone for one that was done and waiting to shut the VM down."""
+    if not current or current["alive"]:
         return current
+    autostop_only = waiting_to_autostop(current)
+    if not autostop_only and current["state"] != PipelineState.INTERRUPTED.value:
+        return current
+    try:
+        return {**_spawn(layout, autostop_only), "alive": True, "revived": True}
+    except RuntimeError as err:
+        return {**current, "error": str(err)}
+
+
+def keep_reviving(layout: Layout) -> None:
+    """The crontab lines that run `revive` (added once, the user's own lines kept). Without cron (a host
+    given with -H may have none), nothing: its fab commands still wake the driver."""
+    tool = os.path.abspath(__file__)
+    lines = [
+        CRON_LINE.format(when=when, tool=shlex.quote(tool), state=shlex.quote(os.path.abspath(layout.root)))
+        for when in CRON_TIMES
+    ]
+    try:
+        listed = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30)
+        have = listed.stdout if listed.returncode == 0 else ""
+        if all(line in have.splitlines() for line in lines):
+            return
+        kept = [line for line in have.splitlines() if not line.endswith(CRON_LINE.rsplit("#", 1)[1])]
+        text = "\n".join([*kept, *lines]) + "\n"
+        subprocess.run(["crontab", "-"], input=text, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return
 
 
 def _seen(layout: Layout) -> float:
@@ -554,15 +638,15 @@ def _same_file(handle, path: str) -> bool:
 def main(argv: list[str]) -> int:
     os.umask(0o077)
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
-    if command not in ("start", "follow", "wake", "run") or not args:
+    if command not in ("start", "follow", "wake", "revive", "run") or not args:
         print(__doc__, file=sys.stderr)
         return 64
     layout = Layout(os.path.expanduser(args[0]))
     try:
         if command == "run":
-            return run(layout)
-        if command == "wake":
-            print(json.dumps(wake(layout)))
+            return run(layout, "--autostop" in args[1:])
+        if command in ("wake", "revive"):
+            print(json.dumps(wake(layout) if command == "wake" else revive(layout)))
             return 0
         if command == "start":
             code, answer = start(layout, sys.stdin.read())

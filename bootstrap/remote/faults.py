@@ -47,6 +47,8 @@ POINTS = (
     "restore.wrote-result",
     # jobrunner.record_run: the run later fab commands continue
     "current-run.recorded",
+    # driver.revive: a revival counted against the plan's REVIVALS
+    "revive.counted",
 )
 _at, _, _nth = (os.environ.get(ENV) or "").partition("@")
 _hits: dict[str, int] = {}

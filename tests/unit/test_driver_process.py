@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -137,3 +138,75 @@ def test_a_new_pass_is_told_by_its_events_files_identity_not_its_size(tmp_path):
     assert not watcher.is_alive()
     assert [item["event"] for item in out.items] == ["pass", "replaced"]
     assert out.items[0]["run"] == "r1"
+
+
+def _record(layout: Layout) -> dict:
+    return driver.read_json(os.path.join(layout.pipeline, driver.DRIVER)) or {}
+
+
+def _tool(layout: Layout, command: str) -> dict:
+    """One of driver.py's subcommands as the VM's crontab (or fab) runs it: its JSON answer."""
+    run = [sys.executable, driver.__file__, command, layout.root]
+    return json.loads(subprocess.run(run, capture_output=True, text=True, timeout=120, check=True).stdout)
+
+
+def test_a_done_driver_killed_while_it_waits_to_autostop_is_revived_by_the_crontab_and_the_vm_stops(tmp_path):
+    """A driver that died (OOM, reboot) while it waited to shut a finished VM down left the VM up and billed for
+    good. The crontab's `revive` starts the wait alone again, and does not count as a fab command."""
+    layout, tries, allow = Layout(str(tmp_path / "state")), tmp_path / "tries", tmp_path / "allow"
+    command = ["sh", "-c", f"echo x >> {tries}; test -f {allow}"]  # refused until `allow` exists
+    the_plan = plan(tmp_path, [("ok", "true", [])], autostop={"idle_seconds": 0.2, "command": command})
+    assert drive(tmp_path, the_plan)[-1]["state"] == "done"
+    first = wait_for(lambda: (r := _record(layout)).get("shutdown") and r, 60, "a refused shutdown")
+    os.kill(first["pid"], signal.SIGKILL)  # the driver dies waiting: nothing would ever shut the VM down
+    wait_for(lambda: not jobrunner.alive(first), 30, "the driver gone")
+    assert driver.info(layout)["state"] == "done" and not driver.info(layout)["alive"]
+    allow.touch()
+    seen = os.path.join(layout.pipeline, driver.SEEN)
+    seen_before = os.path.getmtime(seen)
+    answer = _tool(layout, "revive")
+    assert answer["revived"] and answer["pid"] != first["pid"]
+    wait_for(lambda: (_record(layout).get("shutdown") or {}).get("exit_code") == 0, 60, "the shutdown")
+    assert os.path.getmtime(seen) == seen_before  # the crontab is no fab command: autostop's clock is kept
+    assert _record(layout)["since"] == first["since"]  # idle since the pipeline ended, not since the revival
+    events = [json.loads(line) for line in (tmp_path / "state" / "pipeline" / driver.EVENTS).read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] in ("pass", "revived")] == ["pass", "revived"]  # no new pass
+    assert sorted(p.name for p in (tmp_path / "jobs" / "ok").glob("log*")) == ["log"]  # the job never ran again
+    assert _tool(layout, "revive")["alive"] is False  # the VM was shut down: nothing more to revive
+
+
+def test_a_driver_that_keeps_dying_mid_pipeline_is_revived_at_most_three_times_a_plan(tmp_path):
+    """With no fab command, a driver that dies at once (here: a plan it cannot read) is not restarted in a loop."""
+    layout = Layout(str(tmp_path / "state"))
+    os.makedirs(layout.pipeline)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "start": "0", "state": "running", "digest": "d1", "run": "r"}
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.DRIVER), record)
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.PLAN), {"digest": "d1"})  # no jobs: the driver dies
+    answers = [_tool(layout, "revive") for _ in range(driver.REVIVALS + 2)]
+    assert ["did not start" in a.get("error", "") for a in answers] == [True] * driver.REVIVALS + [False] * 2
+    assert driver.read_json(os.path.join(layout.pipeline, driver.REVIVED)) == {"digest": "d1", "count": 3}
+    assert "error" in _tool(layout, "wake")  # a fab command still tries (and shows why it fails)
+
+
+def test_a_plan_that_autostops_puts_revive_in_the_vms_crontab_once_beside_the_users_lines(tmp_path):
+    crontab, stored = tmp_path / "bin" / "crontab", tmp_path / "crontab.txt"
+    crontab.parent.mkdir()
+    crontab.write_text(f'#!/bin/sh\n[ "$1" = -l ] && exec cat {stored}\ncat > {stored}\n')
+    crontab.chmod(0o755)
+    stored.write_text("0 1 * * * backup  # the user's own\n")
+    layout = Layout(str(tmp_path / "state"))
+    the_plan = plan(tmp_path, [("ok", "true", [])], autostop={"idle_seconds": 600, "command": ["true"]})
+    env = {**os.environ, "PATH": f"{crontab.parent}:{os.environ['PATH']}"}
+    for run in ("r1", "r2"):  # a second plan (once the first is done) adds nothing
+        subprocess.run(
+            [sys.executable, driver.__file__, "start", layout.root], input=json.dumps({**the_plan, "run": run}),
+            capture_output=True, text=True, timeout=120, env=env, check=True,
+        )  # fmt: skip
+        wait_for(lambda run=run: _record(layout).get("run") == run and _record(layout)["state"] == "done", 60)
+    os.kill(_record(layout)["pid"], signal.SIGTERM)  # its 10-minute autostop wait is not this test's
+    lines = stored.read_text().splitlines()
+    assert lines[0] == "0 1 * * * backup  # the user's own"
+    assert [line.split(" python3 ")[0] for line in lines[1:]] == ["*/5 * * * *", "@reboot"]
+    tool, command, state = lines[1].split(" python3 ")[1].split()[:3]
+    assert (tool, command, state) == (driver.__file__, "revive", str(tmp_path / "state"))
