@@ -21,13 +21,17 @@ the plan's autostop time, it shuts the VM down.
                                  no fab command: restart a driver that died (OOM, reboot) as wake
                                  does, without counting as a fab command, at most REVIVALS times a
                                  plan mid-pipeline
+    hold STATE_DIR               a fab command uses the VM (a download): autostop waits until this
+                                 command's stdin ends (fab is done, or its connection dropped);
+                                 prints "held" once it holds
     run STATE_DIR [--autostop]   the driver itself (started by start); --autostop: only the wait to
                                  shut down of a pipeline that is done
 
 The files of the pipeline folder (Layout.pipeline): plan.json (the plan being driven),
 driver.json (the driver's pid and the pipeline's state), events.jsonl (what the driver did,
 one JSON object a line), seen (touched by every fab command and watcher: autostop's clock),
-revived.json (how often `revive` restarted the driver of which plan).
+revived.json (how often `revive` restarted the driver of which plan), in-use.lock (held shared by
+each fab command that uses the VM for long, such as a download: autostop waits for it).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ except ImportError:
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
 read_json, write_json = jobrunner.read_json, jobrunner.write_json
-PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED = (
+PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED, IN_USE = (
     "plan.json",
     "driver.json",
     "events.jsonl",
@@ -62,6 +66,7 @@ PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED = (
     "start.lock",
     "driver.err",
     "revived.json",
+    "in-use.lock",
 )
 REVIVALS = 3  # a driver that keeps dying mid-pipeline with no fab command is not started in a loop
 # The VM's crontab line that revives a dead driver with no fab command (`{tool}` and `{state}` quoted).
@@ -361,8 +366,10 @@ class Driver:
         """Shut the VM down once nothing has been seen for the plan's idle time (never with autostop off).
 
         The last look at `seen` and the shutdown happen under the start lock, so a fab command that
-        arrives meanwhile is either seen (the wait starts again) or starts after the decision. A
-        shutdown command that fails is tried again after another idle time, and shown by fab status.
+        arrives meanwhile is either seen (the wait starts again) or starts after the decision. A fab
+        command that uses the VM for longer (a download: `hold`) holds in-use.lock, and the VM never
+        shuts down under it. A shutdown command that fails is tried again after another idle time, and
+        shown by fab status.
         """
         idle = (self.plan.get("autostop") or {}).get("idle_seconds")
         if not idle:
@@ -375,10 +382,16 @@ class Driver:
             if time.time() < at:
                 time.sleep(min(5, max(0.05, at - time.time())))
                 continue
-            with open(_path(self.layout, START_LOCK), "a+") as serial:
+            with open(_path(self.layout, START_LOCK), "a+") as serial, open(_path(self.layout, IN_USE), "a+") as use:
                 fcntl.flock(serial, fcntl.LOCK_EX)
                 if max(since, _seen(self.layout)) + idle > time.time():
                     continue  # a fab command came just now
+                try:
+                    fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)  # kept until the shutdown: no new use begins
+                except BlockingIOError:
+                    self.emit({"event": "autostop-deferred", "why": "a fab command is using the VM"})
+                    since = time.time()  # look again after another idle time (its end is `seen` too)
+                    continue
                 command = self.plan["autostop"]["command"]
                 self.emit({"event": "shutdown", "command": command})
                 try:
@@ -527,6 +540,20 @@ def keep_reviving(layout: Layout) -> None:
         return
 
 
+def hold(layout: Layout, until=None) -> int:
+    """Autostop waits while a fab command uses the VM: in-use.lock held shared (the shutdown takes it alone)
+    until `until` returns (stdin's end: fab closed it, or its connection dropped); the idle time counts from
+    then."""
+    os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
+    with open(_path(layout, IN_USE), "a+") as use:
+        fcntl.flock(use, fcntl.LOCK_SH)
+        touch_seen(layout)
+        print("held", flush=True)
+        (until or sys.stdin.buffer.read)()
+        touch_seen(layout)
+    return 0
+
+
 def _seen(layout: Layout) -> float:
     """When a fab command was last here (0: never)."""
     try:
@@ -638,13 +665,15 @@ def _same_file(handle, path: str) -> bool:
 def main(argv: list[str]) -> int:
     os.umask(0o077)
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
-    if command not in ("start", "follow", "wake", "revive", "run") or not args:
+    if command not in ("start", "follow", "wake", "revive", "hold", "run") or not args:
         print(__doc__, file=sys.stderr)
         return 64
     layout = Layout(os.path.expanduser(args[0]))
     try:
         if command == "run":
             return run(layout, "--autostop" in args[1:])
+        if command == "hold":
+            return hold(layout)
         if command in ("wake", "revive"):
             print(json.dumps(wake(layout) if command == "wake" else revive(layout)))
             return 0

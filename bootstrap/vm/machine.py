@@ -371,24 +371,45 @@ class Vm:
         """How fab names a path it reads: in the bucket, or on this VM."""
         return path if gcs.is_gcs(path) else f"{self.name}:{path}"
 
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """While fab uses the VM for long (a download), its autostop waits: driver.py's `hold` holds the VM's
+        in-use lock until this channel closes (here, or with the connection)."""
+        channel = self._open(self.runner("hold", self.layout.root, tool="driver.py"), COMMAND_TIMEOUT_SECONDS)
+        try:
+            with self._io():
+                said = channel.makefile("rb").readline().strip()
+            if said != b"held":
+                with self._io():
+                    why = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+                raise UserError(
+                    f"{self.name}: could not keep the VM from autostop: {self.clean(why[-500:]) or 'no answer'}"
+                )
+            yield
+        finally:
+            channel.close()
+
     def download(
         self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None, required: bool = True
     ) -> dict[str, int]:
         """Copy a folder that grows in place (TensorBoard events); one in the bucket is first copied onto the
-        VM, which reads the bucket with its service account."""
-        if not gcs.is_gcs(directory):
-            return transfer.download(self, directory, local, on_file, required)
-        staging = self.layout.from_bucket(directory)
-        self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
-        if not self.list_files(staging) and required:
-            raise UserError(f"nothing to download in {directory}")
-        return transfer.download(self, staging, local, on_file, required)
+        VM, which reads the bucket with its service account. The VM does not autostop meanwhile."""
+        with self.in_use():
+            if not gcs.is_gcs(directory):
+                return transfer.download(self, directory, local, on_file, required)
+            staging = self.layout.from_bucket(directory)
+            self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
+            if not self.list_files(staging) and required:
+                raise UserError(f"nothing to download in {directory}")
+            return transfer.download(self, staging, local, on_file, required)
 
     def download_verified(
         self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None
     ) -> dict[str, int]:
-        """Copy an export, every file verified against its SHA256SUMS (transfer.download_verified)."""
-        return transfer.download_verified(self, directory, local, on_file)
+        """Copy an export, every file verified against its SHA256SUMS (transfer.download_verified); the VM does
+        not autostop meanwhile."""
+        with self.in_use():
+            return transfer.download_verified(self, directory, local, on_file)
 
     def read_text(self, path: str) -> str | None:
         with self._io():

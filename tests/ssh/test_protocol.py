@@ -7,6 +7,7 @@ and several hosts.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import shlex
@@ -275,3 +276,32 @@ def test_tools_replaced_on_the_vm_keep_the_current_run(fab: Fab):
     assert f"run {run} (the current run)" in status.stdout
     assert "pipeline: run " in status.stdout  # the pipeline's state read by the tools just put
     assert "# an older version" not in driver.read_text()
+
+
+def test_a_download_keeps_the_vm_from_autostop_until_it_ends(ssh_host, tmp_path):
+    """Every file of a download is fetched while the VM's in-use lock is held (autostop's shutdown takes it
+    alone); once the download is over, the lock is free again."""
+    conn = Connection(
+        "127.0.0.1", user=ssh_host.user, port=ssh_host.port, connect_kwargs={"key_filename": str(ssh_host.key)}
+    )
+    vm = Vm(open_connection(conn), Layout(str(tmp_path / "state")))
+    vm.install()
+    (tmp_path / "events").mkdir()
+    for name in ("a.tfevents", "b.tfevents"):
+        (tmp_path / "events" / name).write_bytes(b"x" * 1000)
+    lock = tmp_path / "state" / "pipeline" / "in-use.lock"
+
+    def in_use() -> bool:
+        with open(lock, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return False
+            except BlockingIOError:
+                return True
+
+    held_at_fetch = []
+    fetch = vm.fetch
+    vm.fetch = lambda path, target: (held_at_fetch.append(in_use()), fetch(path, target))
+    assert vm.download(str(tmp_path / "events"), tmp_path / "local") == {"a.tfevents": 1000, "b.tfevents": 1000}
+    assert held_at_fetch == [True, True]
+    wait_for(lambda: not in_use(), 30, "the hold to end with the download")
