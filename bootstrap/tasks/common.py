@@ -16,8 +16,9 @@ from ..errors import StoppedWatching, UserError
 from ..gke import session as gke
 from ..jobs import load
 from ..jobs.check import base_model_of
-from ..jobs.plan import build, check_local, check_run_name, secret_sources
+from ..jobs.plan import DURABLE_DIR, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
+from ..remote import gcs
 from ..remote.jobrunner import Layout
 from ..results import hub, runs
 from ..results.publish import durable_overrides
@@ -98,8 +99,17 @@ def open_session(
         )
         source = f"{driver.name}:{driver.layout.current_run}"
     current = driver.install(values, pipeline.spec.vm.startup_marker)
-    if current is None and recover and runs.current_run():  # a new VM: carry on with the lost VM's run
-        current, source = runs.current_run(), f"{runs.runs_dir()}/{runs.CURRENT} (the lost VM's run)"
+    if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
+        # A VM with no run of its own (a new one, or a -H host recreated): the run this machine knows carries on
+        # where its durable state is kept, rather than a new run training again from step 0 beside it.
+        if recover:
+            current, source = laptop, f"{runs.runs_dir()}/{runs.CURRENT} (the lost VM's run)"
+        elif gcs.is_gcs(kept := durable_dir(files, pipeline, outputs, overrides)):
+            current, source = laptop, f"{runs.runs_dir()}/{runs.CURRENT}"
+            console.print(
+                f"{driver.name} has no run of its own: carrying on with this machine's run {laptop}, whose model and "
+                f"checkpoints are kept in {kept} (--new-run starts another)"
+            )
     name, why = choose_run(current, source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
     if target:
@@ -107,6 +117,11 @@ def open_session(
     else:
         plan = build(files, [*durable_overrides(pipeline.spec, outputs), *overrides], name)
     return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
+
+
+def durable_dir(files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str]) -> str:
+    """Where the plan keeps the converted model and the checkpoints (vars.durable_dir; gs://: in a bucket)."""
+    return load.resolve(files, [*durable_overrides(pipeline.spec, outputs), *overrides]).values.get(DURABLE_DIR, "")
 
 
 def choose_run(current: str | None, source: str, requested: str | None, new: bool) -> tuple[str, str]:

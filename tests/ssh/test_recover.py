@@ -181,3 +181,40 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     assert "train started 2 times" in metrics.stdout  # one event file per start, both in the bucket
     rows = (fab.tmp / "runs" / "r1" / "metrics.csv").read_text().splitlines()[1:]
     assert [int(row.split(",")[0]) for row in rows] == list(range(1, 7))
+
+
+def test_a_host_given_with_h_recreated_mid_train_carries_on_with_this_machines_run(fab, gcs_emulator, monkeypatch):
+    """Finding 11: a -H host lost mid-train and recreated by its user. The plain `fab train` started a new run
+    from step 0 beside the bucket's committed checkpoints; the run this machine knows now carries on there."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
+    args = (
+        "--arg",
+        f"vars.durable_dir={durable}",
+        "--arg",
+        "vars.num_batches=6",
+        "--arg",
+        "train.env.STANDIN_SECONDS=2",
+    )
+    actor = f"{durable}/post-train/r1/checkpoints/actor"
+    started = fab("train", "--run-name", "r1", *args, "--detach", timeout=600)
+    assert started.returncode == 0, started.stderr
+    wait_for(lambda: 2 in jobrunner.finished_steps(actor), timeout=300, what="train's checkpoint of step 2")
+    lose(fab)
+    kept = jobrunner.finished_steps(actor)[-1]
+    assert 2 <= kept < 6
+    wipe(fab)  # the user recreated the host: none of its state is left
+
+    again = fab("train", *args, timeout=600)  # no --run-name, no --recover (which -H refuses)
+    assert again.returncode == 0, again.stderr
+    out = " ".join(again.stdout.split())
+    assert "has no run of its own: carrying on with this machine's run r1" in out and f"kept in {durable}" in out
+    assert "run r1 (the current run)" in out
+    log = (fab.job_dir("r1", "train") / "log").read_text()
+    assert f"Restored params from step: {kept} in" in log
+    assert re.findall(r"Train step (\d+) training loss", log) == [str(n) for n in range(kept + 1, 7)]  # none redone
+    assert sorted((fab.tmp / "state" / "runs").iterdir()) == [fab.tmp / "state" / "runs" / "r1"]  # no second run
+
+    fresh = fab("train", "--new-run", "--arg", "vars.num_batches=1", "--detach")  # still the user's to choose
+    assert fresh.returncode == 0, fresh.stderr
+    assert "carrying on" not in fresh.stdout and "(a new run)" in fresh.stdout
