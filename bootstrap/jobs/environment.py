@@ -3,7 +3,9 @@
 The spec comes from jobs/pipeline.yaml. Its hash names the setup job, so the same spec
 again is found done in seconds, and a changed spec builds a fresh venv. The venv also
 carries the hash: a venv already built for this spec (the state folder was reset, or a
-cached test environment) is kept instead of being built again.
+cached test environment) is kept instead of being built again. With a bucket, a new VM
+restores the venv kept there for its key instead of building it, and a build is kept there
+for the next one (remote/envcache.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 
+from ..remote import gcs
 from ..vm.startup import RERUN
 from .spec import EnvironmentSpec
 
@@ -24,8 +27,18 @@ def digest(env: EnvironmentSpec) -> str:
     return hashlib.sha256(env.model_dump_json().encode()).hexdigest()[:12]
 
 
-def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
-    """A bash script that builds the venv and touches `ready_file` only when all of it worked."""
+def cache_url(durable_dir: str) -> str | None:
+    """Where environments are kept: the bucket of the converted model and the checkpoints (None: no bucket)."""
+    if not gcs.is_gcs(durable_dir):
+        return None
+    bucket, _ = gcs.split(durable_dir)
+    return f"gs://{bucket}/tpu-rl/environments"
+
+
+def setup_script(env: EnvironmentSpec, ready_file: str, cache: tuple[str, str] | None = None) -> str:
+    """A bash script that builds the venv and touches `ready_file` only when all of it worked; with `cache`
+    (envcache.py's path on the VM, the bucket's folder), a venv kept there is restored instead, and a
+    venv built here is kept there."""
     q = shlex.quote
     # The spec allows only plain path characters (spec.Folder); quoted all the same.
     venv = f'"$HOME"/{q(env.venv_path[2:])}' if env.venv_path.startswith("~/") else q(env.venv_path)
@@ -40,13 +53,20 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
         *map(q, env.packages),
         *map(q, env.install_options),
     ]
+    kept = f"python3 {q(cache[0])} {{}} {digest(env)} {venv} {q(cache[1])}" if cache else ""
     lines = [
         "set -euo pipefail",
         'export PATH="$HOME/.local/bin:$PATH"',
         'step() { echo "==> $*"; }',
         f'if [ "$(cat {stamp} 2>/dev/null)" = {digest(env)} ] && {venv}/bin/python -c "" 2>/dev/null; then',
         f"  step environment already built for this spec {q(env.venv_path)}",
+        *(
+            [f'elif restored=$({kept.format("restore")}) && {venv}/bin/python -c ""; then', '  step "$restored"']
+            if cache
+            else []
+        ),  # fmt: skip
         "else",
+        *(['  step "$restored"'] if cache else []),  # why it is built: none kept, or what was wrong with it
         f"  step uv {UV_MIN} or newer",
         '  found=$(uv --version 2>/dev/null | cut -d" " -f2) || true',
         f'  if [ "$(printf "%s\\n" {UV_MIN} "$found" | sort -V | head -n 1)" != {UV_MIN} ] || [ -z "$found" ]; then',
@@ -64,5 +84,11 @@ def setup_script(env: EnvironmentSpec, ready_file: str) -> str:
     ]
     for command in env.post_install:
         lines += [f"  step {q(command)} '(silent for minutes)'", f"  (source {venv}/bin/activate && {command})"]
-    lines += [f"  echo {digest(env)} > {stamp}", "fi", f"touch {q(ready_file)}", "step environment ready"]
+    lines += [f"  echo {digest(env)} > {stamp}"]
+    if cache:
+        lines += [
+            "  step keeping the environment in the bucket for the next new VM",
+            f'  step "$({kept.format("store")})"',
+        ]
+    lines += ["fi", f"touch {q(ready_file)}", "step environment ready"]
     return "\n".join(lines) + "\n"

@@ -112,11 +112,13 @@ def check_local(files: JobFiles, overrides: list[str]) -> Pipeline:
     return pipeline
 
 
-def _setup_job(spec: PipelineSpec, layout: Layout) -> PlannedJob:
+def _setup_job(spec: PipelineSpec, layout: Layout, durable_dir: str) -> PlannedJob:
     env = spec.environment
     job_dir = layout.setup(environment.digest(env))
     ready = f"{job_dir}/ready"
-    argv = ["bash", "-c", environment.setup_script(env, ready)]
+    cache = environment.cache_url(durable_dir)
+    script = environment.setup_script(env, ready, (layout.tool("envcache.py"), cache) if cache else None)
+    argv = ["bash", "-c", script]
     return PlannedJob(SETUP, job_dir, runner_spec(layout, SETUP, argv, [ready, env.python_path]), shared=True)
 
 
@@ -158,7 +160,7 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
     spec = pipeline.spec
     layout = Layout(spec.vm.state_dir)
     durable = pipeline.values.get(DURABLE_DIR, "")
-    planned = [_setup_job(spec, layout)]
+    planned = [_setup_job(spec, layout, durable)]
     shared_names = {SETUP}
     modules: set[str] = set()
     for job in render(pipeline):

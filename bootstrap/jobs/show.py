@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from ..results.runs import RunRecord
 from ..secrets import REDACTED
+from . import environment
 from .load import RenderedJob
 from .plan import PLACEHOLDER_RUN, Plan
 from .schedule import Schedule
@@ -51,7 +52,19 @@ def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
         for job in plan.jobs
         if job.rendered is not None
     ]
-    return {"run": _run_info(plan, record), "state_dir": plan.layout.root, "jobs": jobs}
+    setup = {"venv": plan.spec.environment.venv_path, "new_vm": environment_source(plan)}
+    return {"run": _run_info(plan, record), "state_dir": plan.layout.root, "environment": setup, "jobs": jobs}
+
+
+def environment_source(plan: Plan) -> str:
+    """Whether a new VM restores the environment or builds it (remote/envcache.py)."""
+    cache = environment.cache_url(plan.durable_dir)
+    if not cache:
+        return "builds it (no bucket: set results.gcs to keep a built environment for the next new VM)"
+    return (
+        f"restores it from {cache} when a VM of the same image, architecture and spec kept it there (each part "
+        "verified by SHA-256); otherwise builds it and keeps it there"
+    )
 
 
 def plan_text(plan: Plan, record: RunRecord | None) -> str:
@@ -60,6 +73,7 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
     if info.get("last_seen"):
         lines.append("last seen: " + ", ".join(f"{j} {s}" for j, s in info["last_seen"].items()))
     lines += ["", f"0. setup: build the environment {plan.spec.environment.venv_path} (when its spec changed)"]
+    lines.append(f"   new VM:  {environment_source(plan)}")
     if plan.spec.vm.validate_args:
         lines.append("   validate: then MaxText's own validator on every job's arguments, before any job starts")
     for number, planned in enumerate((j for j in plan.jobs if j.rendered is not None), 1):

@@ -49,6 +49,11 @@ POINTS = (
     "current-run.recorded",
     # driver.revive: a revival counted against the plan's REVIVALS
     "revive.counted",
+    # envcache: an environment kept in the bucket (its manifest last), one restored into place
+    "envcache.stored",
+    "envcache.removed-old",
+    "envcache.moved-into-place",
+    "envcache.linked-python",
 )
 _at, _, _nth = (os.environ.get(ENV) or "").partition("@")
 _hits: dict[str, int] = {}

@@ -43,6 +43,7 @@ TOOLS = (
     "hub_upload.py",
     "gcs_upload.py",
     "export_config.py",
+    "envcache.py",
     "manifest.py",
 )
 CHUNK = 64 * 1024

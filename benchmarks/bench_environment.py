@@ -1,0 +1,123 @@
+"""What keeping the environment in the bucket saves a new VM, with the real `fab setup` of the CPU tier.
+
+    .venv/bin/python benchmarks/bench_environment.py [--recover]
+
+On the loopback host with the Cloud Storage emulator as the bucket (tests/gcslayer.py):
+1. `fab setup` of the CPU tier's environment (maxtext==0.2.3 and its pinned CPU set, tunix) into a new
+   venv with an empty uv cache, as a new VM has it: the build, then its upload to the bucket;
+2. a new VM (no state folder, no venv): the same `fab setup` restores it from the bucket;
+3. with --recover, the real recovery of tests/maxtext_cpu/test_real_loss.py's shape: a run lost after its
+   checkpoint of step 2, then `fab train --recover` on a new VM; the time from the command's start to the
+   first resumed training step, against the environment's restore plus Orbax's restore of the checkpoint.
+Prints the times and their ratios. The emulator is in memory on the same machine: a real bucket's speed
+is not in these numbers (nor PyPI's: the build downloads from it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
+
+from tests import computestub, gcsemulator, gcslayer  # noqa: E402
+from tests.loopback import edit_yaml, loopback_host, wait_for  # noqa: E402
+from tests.maxtext_cpu.conftest import HERE, HOST_ENV, cpu_fab_at, overrides  # noqa: E402
+from tests.stack import INSTANCE, Stack, lose, wipe  # noqa: E402
+
+KEPT = re.compile(r"environment kept in \S+ \(([\d.]+) GiB in \d+ parts, (\d+) s\)")
+RESTORED = re.compile(r"environment restored from \S+ \(([\d.]+) GiB in (\d+) s\)")
+CHECKPOINT = re.compile(r"Restored params from step: (\d+) in ([\d.]+) seconds")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recover", action="store_true", help="also measure a recovered VM's way to training")
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory:
+        tmp = Path(directory)
+        vm_env = HOST_ENV | {"UV_CACHE_DIR": str(tmp / "uv-cache")}  # a new VM's empty uv cache
+        with (
+            gcsemulator.emulator(tmp / "emulator.log") as emulator,
+            gcslayer.layer(emulator) as url,
+            loopback_host(tmp / "sshd", vm_env | gcsemulator.client_env(url)) as host,
+            cpu_fab_at(host, tmp / "fab") as fab,
+        ):
+            os.environ["STORAGE_EMULATOR_HOST"] = url
+            venv = fab.tmp / "venv"
+            edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data["environment"].update(venv=str(venv)))
+            durable = ("--arg", f"vars.durable_dir=gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/model")
+            built = timed(fab, "setup", *durable)
+            log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
+            size, upload = KEPT.search(log).groups()
+            wipe(fab)
+            restored = timed(fab, "setup", *durable)
+            log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
+            restore = float(RESTORED.search(log).group(2))
+            rows = [
+                ("environment size", f"{float(size):.2f} GiB"),
+                ("fab setup on a new VM, built (empty uv cache)", f"{built:.1f} s, of which {upload} s uploading it"),
+                (
+                    "fab setup on a new VM, restored from the bucket",
+                    f"{restored:.1f} s (the restore itself {restore} s)",
+                ),
+                ("  restored / built", f"{restored / built:.2f}"),
+            ]
+            if options.recover:
+                rows += recovered(fab, host, durable)
+    for what, result in rows:
+        print(f"{what:56} {result}")
+
+
+def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
+    """A run lost after its checkpoint of step 2, recovered on a new VM: up to its first resumed step."""
+    compute, server = computestub.serve()
+    compute.host_keys[INSTANCE] = [tuple(host.host_key.read_text().split()[:2])]
+    stack = Stack(fab, compute)
+    inputs = fab.tmp / "inputs"
+    subprocess.run([fab.tmp / "venv" / "bin" / "python", HERE / "make_inputs.py", inputs], check=True)
+    args = [word for o in overrides(inputs, 6) for word in ("--arg", o)] + [
+        *durable,
+        "--arg",
+        "train.checkpoint_period=2",
+    ]
+    timed(stack, "train", *args, "--run-name", "lost", "--detach")
+    log = fab.job_dir("lost", "train") / "log"
+    wait_for(lambda: "Train step 3 " in (log.read_text(errors="replace") if log.exists() else ""), 1800)
+    lose(fab)
+    wipe(fab)
+    del compute.instances[INSTANCE]
+    stack.unreachable("1001")
+    stack.after_up("2002")
+    started = time.perf_counter()
+    recovering = stack.start("train", *args, "--recover")
+    resumed = re.compile(r"Train step [3-9] training loss")
+    wait_for(lambda: log.exists() and resumed.search(log.read_text(errors="replace")), 1800, "the first resumed step")
+    first_step = time.perf_counter() - started
+    recovering.communicate(timeout=1800)
+    setup_log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
+    environment = float(RESTORED.search(setup_log).group(2))
+    step, checkpoint = CHECKPOINT.findall(log.read_text(errors="replace"))[-1]
+    server.shutdown()
+    floor = environment + float(checkpoint)
+    return [
+        ("recovered VM: fab train --recover to its first resumed step", f"{first_step:.1f} s"),
+        (
+            "  environment restore + checkpoint restore (step " + step + ")",
+            f"{environment:.0f} s + {float(checkpoint):.1f} s",
+        ),
+        ("  ratio", f"{first_step / floor:.2f}"),
+    ]
+
+
+if __name__ == "__main__":
+    main()

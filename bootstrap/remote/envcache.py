@@ -1,0 +1,256 @@
+"""The environment kept in the bucket: built once, then restored by every new VM of the same kind instead
+of built again while the TPU waits (tunix, tpu-inference and vLLM build from source).
+
+    python3 envcache.py restore SPEC_DIGEST VENV gs://BUCKET/PREFIX   exit 0: restored; 3: build it
+    python3 envcache.py store SPEC_DIGEST VENV gs://BUCKET/PREFIX     after a build; once per key
+
+What is kept is the venv and the uv-managed Python it runs on (pyvenv.cfg's `home`): a venv is not
+relocatable and names its interpreter by absolute path, so both come back to the same paths, byte for
+byte. uv's cache is not kept: a rebuild from it still resolves, installs and compiles the extra deps.
+The key is everything that made them: the environment spec's digest, the image (os-release), the
+machine's architecture and the venv's absolute path. One tar stream is cut into parts of PART_BYTES,
+each named in manifest.json with its SHA-256; the manifest is written last, so an entry without one is
+never restored. A restore unpacks beside its targets and moves them into place only once every part
+verified: a missing, corrupt or partial entry, or one of another key, leaves nothing behind, and the
+setup job builds (one line says why).
+
+Standard library only: it runs with the VM's system python3 before any environment exists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import shutil
+import sys
+import tarfile
+import time
+
+try:
+    from . import faults, gcs  # on the laptop: bootstrap.remote
+except ImportError:
+    import faults  # on the VM: beside this script in the tools folder
+    import gcs
+
+PART_BYTES = 64 * 2**20
+MANIFEST = "manifest.json"
+FORMAT = 1
+BUILD = 3  # restore's exit code when the setup job is to build
+ROOTS = ("venv", "python")  # the tar stream's top folders: the venv, the Python it runs on
+
+
+def key_fields(spec_digest: str, venv: str) -> dict:
+    """Everything that made the environment, as the key's parts."""
+    return {
+        "format": FORMAT,
+        "spec": spec_digest,
+        "image": _os_release(),
+        "arch": platform.machine(),
+        "venv": os.path.abspath(venv),
+    }
+
+
+def key(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def entry_url(cache: str, fields: dict) -> str:
+    return f"{cache.rstrip('/')}/{key(fields)}"
+
+
+def _os_release() -> str:
+    try:
+        with open("/etc/os-release") as f:
+            values = dict(line.rstrip("\n").split("=", 1) for line in f if "=" in line)
+    except OSError:
+        return "unknown"
+    return f"{values.get('ID', '?').strip(chr(34))} {values.get('VERSION_ID', '?').strip(chr(34))}"
+
+
+def python_of(venv: str) -> dict:
+    """The Python the venv runs on: pyvenv.cfg's `home`, and when uv installed it (below uv's Python folder),
+    its installation folder and the minor-version link uv may name it by; a system or pyenv Python is not
+    kept (the image or the host has it, or a restore refuses)."""
+    try:
+        with open(os.path.join(venv, "pyvenv.cfg")) as f:
+            home = next((line.split("=", 1)[1].strip() for line in f if line.split("=")[0].strip() == "home"), "")
+    except OSError:
+        home = ""
+    found = {"home": home, "installation": None, "link": None}
+    managed = os.path.realpath(os.path.expanduser(os.environ.get("UV_PYTHON_INSTALL_DIR", "~/.local/share/uv/python")))
+    named = os.path.dirname(home.rstrip("/"))  # .../cpython-3.12-linux-x86_64-gnu (perhaps a link)
+    installation = os.path.realpath(named) if named else ""
+    if installation.startswith(managed + os.sep):
+        found["installation"] = installation
+        if os.path.islink(named):
+            found["link"] = [named, os.readlink(named)]
+    return found
+
+
+class _Parts(io.RawIOBase):
+    """A write-only stream cut into parts, each uploaded under its SHA-256 as soon as it is whole."""
+
+    def __init__(self, url: str):
+        self.url, self.buffer, self.parts = url, bytearray(), []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self.buffer += data
+        while len(self.buffer) >= PART_BYTES:
+            self._upload(bytes(self.buffer[:PART_BYTES]))
+            del self.buffer[:PART_BYTES]
+        return len(data)
+
+    def finish(self) -> list[dict]:
+        if self.buffer:
+            self._upload(bytes(self.buffer))
+            self.buffer = bytearray()
+        return self.parts
+
+    def _upload(self, data: bytes) -> None:
+        digest = hashlib.sha256(data).hexdigest()
+        name = f"parts/{len(self.parts):05d}-{digest[:16]}"
+        gcs.write(f"{self.url}/{name}", data)
+        self.parts.append({"name": name, "sha256": digest, "size": len(data)})
+
+
+def store(spec_digest: str, venv: str, cache: str) -> str:
+    """Keep the built environment in the bucket (nothing when this key is kept already); one line."""
+    fields = key_fields(spec_digest, venv)
+    url = entry_url(cache, fields)
+    if gcs.read(f"{url}/{MANIFEST}") is not None:
+        return f"environment already kept in {url}"
+    started, python = time.monotonic(), python_of(venv)
+    parts = _Parts(url)
+    with tarfile.open(fileobj=parts, mode="w|") as tar:
+        tar.add(os.path.abspath(venv), arcname="venv")
+        if python["installation"]:
+            tar.add(python["installation"], arcname="python")
+    listed = parts.finish()
+    size = sum(part["size"] for part in listed)
+    manifest = {"key": fields, "python": python, "parts": listed, "bytes": size}
+    gcs.write(f"{url}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+    faults.point("envcache.stored")
+    return (
+        f"environment kept in {url} ({size / 2**30:.2f} GiB in {len(listed)} parts, {time.monotonic() - started:.0f} s)"
+    )
+
+
+class Refused(Exception):
+    """Why an entry is not restored (the setup job builds instead)."""
+
+
+class _Verified(io.RawIOBase):
+    """The parts read back in order, each handed on only once its SHA-256 matched the manifest's."""
+
+    def __init__(self, url: str, parts: list[dict]):
+        self.url, self.parts, self.current = url, list(parts), memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:
+        while not self.current and self.parts:
+            part = self.parts.pop(0)
+            data = gcs.read(f"{self.url}/{part['name']}")
+            if data is None:
+                raise Refused(f"{part['name']} is missing")
+            if hashlib.sha256(data).hexdigest() != part["sha256"]:
+                raise Refused(f"{part['name']} is corrupt (its SHA-256 differs from the manifest's)")
+            self.current = memoryview(data)
+        count = min(len(target), len(self.current))
+        target[:count], self.current = self.current[:count], self.current[count:]
+        return count
+
+
+def restore(spec_digest: str, venv: str, cache: str) -> str:
+    """Put the kept environment of this key in place, every part verified first; raises Refused."""
+    fields = key_fields(spec_digest, venv)
+    url = entry_url(cache, fields)
+    text = gcs.read(f"{url}/{MANIFEST}")
+    if text is None:
+        raise Refused(f"none kept for this spec and machine ({url})")
+    try:
+        manifest = json.loads(text)
+        parts, python = manifest["parts"], manifest["python"]
+        home, installation, link = python["home"], python["installation"], python["link"]
+    except (ValueError, KeyError, TypeError):
+        raise Refused(f"{url}/{MANIFEST} is not a manifest") from None
+    if manifest.get("key") != fields:
+        raise Refused(f"{url} holds another key's environment")
+    if not installation and not os.path.isdir(home):
+        raise Refused(f"its Python ({home}) is not on this machine")
+    started, venv = time.monotonic(), os.path.abspath(venv)
+    targets = {"venv": venv, "python": installation}
+    unpacked = f"{venv}.restoring"
+    shutil.rmtree(unpacked, ignore_errors=True)
+    try:
+        with tarfile.open(fileobj=io.BufferedReader(_Verified(url, parts), PART_BYTES), mode="r|") as tar:
+            for member in tar:
+                _check(member, installation is not None)
+                tar.extract(member, unpacked, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+        for root in reversed(ROOTS):  # the Python first: a venv in place always has its interpreter
+            if targets[root] and os.path.isdir(os.path.join(unpacked, root)):
+                _move_into_place(os.path.join(unpacked, root), targets[root], keep_existing=root == "python")
+        if link and not os.path.lexists(link[0]):
+            os.symlink(link[1], link[0])  # uv's minor-version name of that Python, which the venv's home uses
+            faults.point("envcache.linked-python")
+    except (tarfile.TarError, OSError) as err:
+        raise Refused(f"could not unpack it: {err}") from None
+    finally:
+        shutil.rmtree(unpacked, ignore_errors=True)
+    seconds = time.monotonic() - started
+    return f"environment restored from {url} ({manifest['bytes'] / 2**30:.2f} GiB in {seconds:.0f} s), not built"
+
+
+def _check(member: tarfile.TarInfo, has_python: bool) -> None:
+    """Only what store writes: below one of the roots, no absolute name, no `..`, no device."""
+    top = member.name.split("/", 1)[0]
+    if top not in ROOTS or (top == "python" and not has_python):
+        raise Refused(f"the archive holds {member.name!r}, outside what is kept")
+    if member.name.startswith("/") or ".." in member.name.split("/") or member.isdev():
+        raise Refused(f"the archive holds {member.name!r}, which is refused")
+
+
+def _move_into_place(unpacked: str, target: str, keep_existing: bool) -> None:
+    """Rename the unpacked folder to `target`; an old one there (a half build) is removed first, unless
+    `keep_existing` (the same uv Python, installed since: its folder names its exact version)."""
+    if os.path.lexists(target):
+        if keep_existing:
+            return
+        shutil.rmtree(target)
+        faults.point("envcache.removed-old")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(unpacked, target)
+    faults.point("envcache.moved-into-place")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4 or argv[0] not in ("restore", "store"):
+        print(__doc__, file=sys.stderr)
+        return 64
+    command, spec_digest, venv, cache = argv
+    venv = os.path.expanduser(venv)
+    if command == "store":
+        try:
+            print(store(spec_digest, venv, cache))
+        except OSError as err:
+            print(f"environment not kept in the bucket ({err}); the next new VM builds it again")
+        return 0
+    try:
+        print(restore(spec_digest, venv, cache))
+        return 0
+    except Refused as why:
+        print(f"environment: building it ({why})")
+    except OSError as err:
+        print(f"environment: building it (the bucket could not be read: {err})")
+    return BUILD
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,174 @@
+"""The environment kept in the bucket (bootstrap/remote/envcache.py) against the real Cloud Storage emulator.
+
+A fake venv on a fake uv-managed Python (its minor-version link too, as uv names it) stands for the real
+one: what matters here is that a restore gives back the same tree byte for byte, or nothing at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from bootstrap.jobs import load, show
+from bootstrap.jobs.plan import build
+from bootstrap.paths import REPO
+from bootstrap.remote import envcache, gcs
+from tests import gcsemulator
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch, gcs_emulator) -> dict:
+    """A built environment on this "VM": the venv, uv's Python and the bucket folder they are kept in."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", str(tmp_path / "uv-python"))
+    monkeypatch.setattr(envcache, "PART_BYTES", 4096)  # several parts from a small tree
+    installation = tmp_path / "uv-python" / "cpython-3.12.8-linux-x86_64-gnu"
+    (installation / "bin").mkdir(parents=True)
+    (installation / "bin" / "python3.12").write_bytes(b"#!/bin/sh\n" + os.urandom(9000))
+    (installation / "bin" / "python3.12").chmod(0o755)
+    (installation / "lib").mkdir()
+    (installation / "lib" / "os.py").write_text("# the standard library\n")
+    link = tmp_path / "uv-python" / "cpython-3.12-linux-x86_64-gnu"
+    link.symlink_to(installation.name)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text(f"home = {link}/bin\nversion_info = 3.12.8\n")
+    (venv / "bin" / "python").symlink_to(f"{link}/bin/python3.12")
+    site = venv / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    for n in range(5):
+        (site / f"module{n}.py").write_bytes(os.urandom(3000))
+    (site / "mode.so").write_bytes(os.urandom(100))
+    (site / "mode.so").chmod(0o700)
+    os.link(site / "module0.py", site / "hardlinked.py")
+    (venv / ".tpu-rl-spec").write_text("abc123\n")
+    cache = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/tpu-rl/environments"
+    return {"venv": venv, "installation": installation, "link": link, "cache": cache}
+
+
+def tree(*roots: Path) -> dict[str, tuple]:
+    """Every entry below `roots`: its type, mode, and bytes (a file's SHA-256) or link target."""
+    found = {}
+    for root in roots:
+        found[str(root)] = ("link", os.readlink(root)) if root.is_symlink() else ("dir", root.stat().st_mode)
+        for folder, dirs, files in os.walk(root):
+            for name in dirs + files:
+                path = Path(folder) / name
+                if path.is_symlink():
+                    found[str(path)] = ("link", os.readlink(path))
+                elif path.is_dir():
+                    found[str(path)] = ("dir", path.stat().st_mode)
+                else:
+                    found[str(path)] = ("file", path.stat().st_mode, hashlib.sha256(path.read_bytes()).hexdigest())
+    return found
+
+
+def wipe(machine: dict) -> None:
+    """A new VM: neither the venv nor uv's Python."""
+    shutil.rmtree(machine["venv"])
+    shutil.rmtree(machine["installation"])
+    machine["link"].unlink()
+
+
+def objects(machine: dict) -> dict[str, int]:
+    return gcs.sizes(machine["cache"])
+
+
+def delete(url: str) -> None:
+    bucket, name = gcs.split(url)
+    quoted = urllib.parse.quote(name, safe="")
+    request = urllib.request.Request(f"{gcs._base()}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE")
+    urllib.request.urlopen(request).close()
+
+
+def test_a_kept_environment_comes_back_byte_for_byte_on_a_new_vm(machine):
+    venv, installation, link = machine["venv"], machine["installation"], machine["link"]
+    built = tree(venv, installation, link)
+    said = envcache.store("abc123", str(venv), machine["cache"])
+    assert said.startswith("environment kept in gs://") and "parts" in said
+    assert len([n for n in objects(machine) if "/parts/" in n]) > 3
+    wipe(machine)
+    said = envcache.restore("abc123", str(venv), machine["cache"])
+    assert said.startswith("environment restored from gs://") and said.endswith("not built")
+    assert tree(venv, installation, link) == built
+    assert not Path(f"{venv}.restoring").exists()
+
+
+def test_the_same_key_is_kept_once(machine):
+    envcache.store("abc123", str(machine["venv"]), machine["cache"])
+    before = objects(machine)
+    assert envcache.store("abc123", str(machine["venv"]), machine["cache"]).startswith("environment already kept")
+    assert objects(machine) == before
+
+
+def test_two_specs_never_share_an_environment(machine):
+    venv = str(machine["venv"])
+    envcache.store("abc123", venv, machine["cache"])
+    assert envcache.entry_url(machine["cache"], envcache.key_fields("abc123", venv)) != envcache.entry_url(
+        machine["cache"], envcache.key_fields("def456", venv)
+    )
+    with pytest.raises(envcache.Refused, match=r"^none kept for this spec and machine"):
+        envcache.restore("def456", venv, machine["cache"])
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing", "no manifest", "another key", "not a manifest"])
+def test_a_damaged_entry_restores_nothing_and_leaves_a_half_built_venv_alone(machine, damage):
+    venv = str(machine["venv"])
+    envcache.store("abc123", venv, machine["cache"])
+    url = envcache.entry_url(machine["cache"], envcache.key_fields("abc123", venv))
+    last_part = sorted(n for n in objects(machine) if "/parts/" in n)[-1]
+    if damage == "corrupt":
+        gcs.write(last_part, b"other bytes")
+    elif damage == "missing":
+        delete(last_part)
+    elif damage == "no manifest":  # a store that was cut off before its end
+        delete(f"{url}/{envcache.MANIFEST}")
+    elif damage == "another key":
+        other = envcache.entry_url(machine["cache"], envcache.key_fields("def456", venv))
+        gcs.write(f"{other}/{envcache.MANIFEST}", gcs.read(f"{url}/{envcache.MANIFEST}"))
+    else:
+        gcs.write(f"{url}/{envcache.MANIFEST}", b"{half a")
+    wipe(machine)
+    machine["venv"].mkdir()
+    (machine["venv"] / "half-built").write_text("a build that was cut off")
+    spec = "def456" if damage == "another key" else "abc123"
+    why = {
+        "corrupt": "is corrupt",
+        "missing": "is missing",
+        "no manifest": "none kept",
+        "another key": "holds another key's environment",
+        "not a manifest": "is not a manifest",
+    }[damage]
+    with pytest.raises(envcache.Refused, match=why):
+        envcache.restore(spec, venv, machine["cache"])
+    assert [p.name for p in machine["venv"].iterdir()] == ["half-built"]  # nothing mixed in, nothing removed
+    assert not machine["installation"].exists() and not machine["link"].is_symlink()
+    assert not Path(f"{venv}.restoring").exists()
+
+
+def test_the_setup_job_is_told_in_one_line_to_build(machine, capsys):
+    code = envcache.main(["restore", "abc123", str(machine["venv"]), machine["cache"]])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == envcache.BUILD and len(lines) == 1
+    assert lines[0].startswith("environment: building it (none kept for this spec and machine")
+
+
+def test_fab_plan_says_whether_a_new_vm_restores_or_builds_and_the_setup_job_restores_first():
+    files = load.read(REPO / "jobs")
+    without = build(files, [])
+    assert show.environment_source(without).startswith("builds it (no bucket")
+    kept = build(files, ["vars.durable_dir=gs://my-bucket/llama3.1-8b-Instruct"])
+    assert show.environment_source(kept).startswith("restores it from gs://my-bucket/tpu-rl/environments when")
+    assert show.plan_dict(kept, None)["environment"]["new_vm"] == show.environment_source(kept)
+    script = kept.job("setup").runner_spec["argv"][2]
+    restore = script.index("envcache.py restore ")
+    assert restore < script.index("uv venv --clear") < script.index("envcache.py store ")
+    assert "envcache.py" not in without.job("setup").runner_spec["argv"][2]
