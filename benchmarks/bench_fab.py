@@ -5,7 +5,8 @@
 1. a fresh `fab train` whose setup and prefetch each take --seconds: its wall time against the
    longer of the two plus the rest (the graph runs them side by side) and against their sum; and
    the gaps on the VM between a job's end and the start of the job that needs it (the runners' times);
-2. `fab train` re-run with everything done, as a ratio to a plain `ssh host true` timed in the same run;
+2. `fab train` re-run with everything done, as a ratio to a plain `ssh host true` timed in the same run,
+   and the Hub requests it made; `fab status` as the same ratio;
 3. the time fab adds to one job: `fab convert` against a plain `ssh host 'python -m ...'` running the
    same stand-in job with the same arguments;
 4. the peak memory (max RSS) of `fab logs` following a job that writes a --log-mb log.
@@ -113,10 +114,14 @@ def main() -> None:
         times = job_times(fab)
         took, waits = durations(times), gaps(times)
         rest = sum(took[job] for job in ("convert", "train", "export"))
-        reruns, trues = [], []
+        reruns, trues, statuses = [], [], []
+        hub.requests.clear()
         for _ in range(args.repeat):
             reruns.append(timed(fab, "train", "--arg", "vars.num_batches=4"))
             trues.append(ssh(fab, "true"))
+        noop_requests = len(hub.requests) / args.repeat
+        for _ in range(args.repeat):
+            statuses.append(timed(fab, "status", "--arg", "vars.num_batches=4"))
 
         with_fab = [timed(fab, "convert", "--arg", f"vars.work_dir={tmp}/fab{i}") for i in range(args.repeat)]
         with_ssh = [plain_convert(fab, tmp / f"ssh{i}") for i in range(args.repeat)]
@@ -151,6 +156,9 @@ def main() -> None:
     print(f"fab train re-run, everything done (median of {args.repeat})                 {median(reruns):7.2f} s")
     print(f"plain `ssh host true` (median)                                    {median(trues):7.2f} s")
     print(f"  re-run as a ratio to ssh true                                   {median(reruns) / median(trues):7.2f}")
+    print(f"  Hub requests made by one re-run                                 {noop_requests:7.1f}")
+    print(f"fab status (median)                                               {median(statuses):7.2f} s")
+    print(f"  as a ratio to ssh true                                          {median(statuses) / median(trues):7.2f}")
     print(f"one job through fab convert (median)                              {median(with_fab):7.2f} s")
     print(f"the same job through plain ssh (median)                           {median(with_ssh):7.2f} s")
     print(

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-import huggingface_hub
-
 from .errors import Problem, UserError
 from .remote import jobrunner
 
@@ -20,7 +18,11 @@ REDACTED = jobrunner.REDACTED.decode()
 
 def lookup(name: str) -> str | None:
     if name == "HF_TOKEN":
-        return os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
+        if value := os.environ.get("HF_TOKEN"):
+            return value
+        import huggingface_hub  # a third of a second to import: only for the token `hf auth login` stored
+
+        return huggingface_hub.get_token()
     return None
 
 

@@ -23,6 +23,19 @@ class Session:
     secrets: dict[str, str] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
     stack: dict | None = None
+    token_checked: bool = False  # the Hub check (results/hub.py) passed for this command
+
+    def check_token(self) -> None:
+        """The Hub check of the token, once: only when a job is about to start (a no-op asks the Hub
+        nothing), and always before one does."""
+        if self.token_checked or "HF_TOKEN" not in self.secrets:
+            return
+        from .results import hub  # huggingface_hub takes a third of a second to import: only here
+
+        self.console.print("checking the Hugging Face token")
+        for line in hub.preflight(self.secrets["HF_TOKEN"], self.plan.base_model, self.plan.spec.results.hub_repo):
+            self.console.print(f"  {line}")
+        self.token_checked = True
 
     def hint(self, *task: str) -> str:
         """A fab command line that works as printed: the task, with this command's run and overrides."""

@@ -33,6 +33,7 @@ class Hub:
     private: dict[str, bool] = field(default_factory=dict)
     fail_commits_of: set[str] = field(default_factory=set)
     commits: dict[str, list[str]] = field(default_factory=dict)  # repo -> paths, in commit order
+    requests: list[str] = field(default_factory=list)  # "METHOD path" of every request, in order
     url: str = ""
 
 
@@ -74,6 +75,7 @@ def _handler(hub: Hub):
             return gzip.decompress(data) if self.headers.get("Content-Encoding") == "gzip" else data
 
         def do_GET(self):
+            hub.requests.append(f"GET {self.path}")
             token = self._token()
             path = self.path.split("?")[0]
             if path == "/api/whoami-v2":
@@ -113,6 +115,7 @@ def _handler(hub: Hub):
             return self._send(404, {"error": f"stub has no GET {path}"})
 
         def do_POST(self):
+            hub.requests.append(f"POST {self.path}")
             token = self._token()
             if token is None:
                 return self._send(401, {"error": "Invalid credentials"})

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from huggingface_hub.errors import HFValidationError
-from huggingface_hub.utils import validate_repo_id
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
 # Names that reach a shell or an environment: checked here so that nothing odd is ever quoted wrong.
@@ -129,6 +127,9 @@ class ResultsSpec(Strict):
     def _hub_repo(cls, value: str) -> str:
         """Checked with huggingface_hub's own rules, so a bad name fails here and not after training."""
         if value:
+            from huggingface_hub.errors import HFValidationError  # a third of a second to import: only when set
+            from huggingface_hub.utils import validate_repo_id
+
             try:
                 validate_repo_id(value)
             except HFValidationError as err:

@@ -10,7 +10,9 @@ the VM's lock for the whole pipeline. When every job is done and no fab command 
 the plan's autostop time, it shuts the VM down.
 
     start STATE_DIR [--follow]   the plan JSON on stdin: start a driver for it, or attach to the one
-                                 running it (exit 75 and the running plan while another one runs);
+                                 running it (exit 75 and the running plan while another one runs;
+                                 exit 76 and the jobs it would start, nothing started, for a plan
+                                 marked check_first: fab checks the token first);
                                  with --follow, then stream as `follow` does
     follow STATE_DIR             the pipeline's events and its started jobs' log lines (secrets
                                  redacted) as JSON lines, until the pipeline has ended
@@ -79,6 +81,7 @@ LINE_END = re.compile(rb"\r\n|\r|\n")
 MAX_LINE = 64 * 1024
 READ_EVENTS = 1024 * 1024  # events read per look: a long history streams in parts
 BUSY = 75
+CHECK_FIRST = 76  # `start` of a plan marked check_first that would start a job: nothing started, check the token
 
 
 class PipelineState(str, enum.Enum):
@@ -466,6 +469,8 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
                     return 0, {"attached": current}
                 return BUSY, {"busy": current}
             _stop(current)
+        if plan.get("check_first") and (starting := would_start(plan)):
+            return CHECK_FIRST, {"check-first": starting}
         write_json(_path(layout, PLAN), plan)
         events = _path(layout, EVENTS)
         if os.path.exists(events):
@@ -474,6 +479,19 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         if (plan.get("autostop") or {}).get("idle_seconds"):
             keep_reviving(layout)  # the VM shuts down even if this driver dies (OOM, reboot) with no fab to come
         return 0, {"started": _spawn(layout)}
+
+
+def would_start(plan: dict) -> list[str]:
+    """The jobs a driver would start at its first look at this plan (none: everything is done or runs), read
+    from their states as the driver reads them, nothing launched."""
+    starting = []
+
+    def state_of(job: dict) -> dict:
+        return jobrunner.job_state(os.path.expanduser(job["job_dir"]), job["spec"])
+
+    with jobrunner.gcs.quick():  # fab waits for the answer
+        Graph(plan["jobs"], state_of, lambda job: starting.append(job["name"]), lambda: [], lambda _: None).step()
+    return list(dict.fromkeys(starting))
 
 
 def wake(layout: Layout) -> dict | None:

@@ -13,14 +13,12 @@ from rich.console import Console
 
 from .. import secrets
 from ..errors import StoppedWatching, UserError
-from ..gke import session as gke
 from ..jobs import load
-from ..jobs.check import base_model_of
 from ..jobs.plan import DURABLE_DIR, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
 from ..remote import gcs
 from ..remote.jobrunner import Layout
-from ..results import hub, runs
+from ..results import runs
 from ..results.publish import durable_overrides
 from ..session import Session
 from ..vm import connect
@@ -30,6 +28,13 @@ from ..vm.output import Cleaner
 ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_batches=100, vars.num_batches=100, convert.--lazy_load_tensors=True"
 RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
 console = Console()
+
+
+def gke_session():
+    """The gke backend's helpers, imported for a gke stack only (its JobSets and cluster client)."""
+    from ..gke import session
+
+    return session
 
 
 def reports_errors(body: Callable) -> Callable:
@@ -75,19 +80,15 @@ def open_session(
         check_run_name(run_name)
     outputs = None if isinstance(c, Connection) else connect.stack_outputs()
     connect.refuse_several_hosts(c, outputs)
-    target = gke.target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
-    planned_with = gke.overrides(files, target, overrides) if target else overrides
+    target = gke_session().target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
+    planned_with = gke_session().overrides(files, target, overrides) if target else overrides
     sources = secret_sources(pipeline)
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
-    if runs_jobs and "HF_TOKEN" in values:
-        console.print("checking the Hugging Face token")
-        for line in hub.preflight(values["HF_TOKEN"], base_model_of(pipeline), pipeline.spec.results.hub_repo):
-            console.print(f"  {line}")
     if target and recover:
         raise UserError("--recover recreates the vm backend's VM; on gke the cluster replaces lost nodes itself")
     if target:
         console.print(f"connecting to the GKE cluster {outputs['cluster_name']} (Pulumi stack outputs)")
-        driver = gke.connect(outputs, Cleaner(values.values()))
+        driver = gke_session().connect(outputs, Cleaner(values.values()))
         source = f"{runs.runs_dir()}/{runs.CURRENT}"
     else:
         if recover:
@@ -113,10 +114,13 @@ def open_session(
     name, why = choose_run(current, source, run_name, new_run)
     console.print(f"run {name} ({why}) on {driver.name}")
     if target:
-        plan = gke.plan(files, planned_with, name, target)
+        plan = gke_session().plan(files, planned_with, name, target)
     else:
         plan = build(files, [*durable_overrides(pipeline.spec, outputs), *overrides], name)
-    return Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
+    session = Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
+    if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
+        session.check_token()
+    return session
 
 
 def durable_dir(files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str]) -> str:

@@ -10,14 +10,13 @@ import yaml
 from fabric import task
 
 from ..errors import UserError
-from ..gke import session as gke
 from ..jobs import load
 from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, validation_args
 from ..jobs.show import plan_dict, plan_text
 from ..paths import REPO, jobs_dir
 from ..results import runs
 from ..results.publish import durable_overrides
-from .common import ARG_HELP, RUN_HELP, console, reports_errors
+from .common import ARG_HELP, RUN_HELP, console, gke_session, reports_errors
 
 NEW_RUN = "new-run"  # the run name `fab plan --stack` shows before a run exists
 
@@ -42,8 +41,10 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
 
         target = slice_of(stack, pipeline.spec)
         if target:
-            merged = gke.overrides(files, target, arg or [])
-            manifests = [dict(job.runner_spec) for job in gke.plan(files, merged, name or NEW_RUN, target).jobs]
+            merged = gke_session().overrides(files, target, arg or [])
+            manifests = [
+                dict(job.runner_spec) for job in gke_session().plan(files, merged, name or NEW_RUN, target).jobs
+            ]
             if json_:
                 print(json.dumps(manifests, indent=1))
             else:

@@ -9,7 +9,6 @@ from fabric import task
 from rich.table import Table
 
 from ..errors import UserError
-from ..gke import driving as gke_driving
 from ..jobs.load import SETUP
 from ..results import runs
 from ..results.publish import durable_jobs, report
@@ -33,7 +32,9 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
     if isinstance(session.vm, Vm):
         pipeline.run(session, jobs, task, detach, prepare)
     else:
-        gke_driving.run(session, jobs, task, detach, prepare)
+        from ..gke import driving  # a gke stack only
+
+        driving.run(session, jobs, task, detach, prepare)
     if detach:
         return
     if only is None:
@@ -92,7 +93,9 @@ def status(c, arg=None, run_name=None):
         startup = f"startup script: {session.vm.facts['startup'].describe()}"
         lines = [startup, *pipeline.status_lines(getattr(session.vm, "pipeline", None))]
     else:
-        lines = gke_driving.status_lines(session)
+        from ..gke import driving  # a gke stack only
+
+        lines = driving.status_lines(session)
     for line in lines:
         console.print(line, markup=False, highlight=False)
     table = Table(title=f"run {session.plan.run_name} on {session.vm.name}")

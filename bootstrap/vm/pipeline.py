@@ -159,8 +159,16 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         prepare(session)  # the secrets, and the VM ready (its startup script done)
     with Board(console) as board:
         watcher = Watcher(session, jobs, board)
-        stream = vm.drive(plan, follow=not detach, on_idle=watcher.tick)
+        # Handed over as "check first" while the token is unchecked: the driver starts nothing then, and says
+        # what it would start; a no-op asks the Hub nothing.
+        check_first = "HF_TOKEN" in session.secrets and not session.token_checked
+        stream = vm.drive({**plan, "check_first": check_first}, follow=not detach, on_idle=watcher.tick)
         answer = next(stream)
+        if "check-first" in answer:
+            stream.close()
+            session.check_token()
+            stream = vm.drive(plan, follow=not detach, on_idle=watcher.tick)
+            answer = next(stream)
         if "busy" in answer:
             raise busy(answer["busy"], vm.name)
         if "attached" in answer:

@@ -6,7 +6,7 @@ import shutil
 
 import yaml
 
-from tests.loopback import Fab
+from tests.loopback import Fab, edit_yaml
 from tests.stack import lose
 
 
@@ -107,9 +107,30 @@ def test_no_durable_target_says_so_plainly(fab: Fab):
     assert "fab download" in result.stdout
 
 
-def test_bad_token_stops_before_the_vm_is_contacted(fab: Fab):
+def test_a_bad_token_stops_before_any_job_starts(fab: Fab):
+    """The token is checked once the VM says what would start, and before it starts anything."""
     fab.hub.tokens.pop(fab.token)
     result = fab("train")
     assert result.returncode == 2
     assert "HF_TOKEN: the Hub rejects this token (HTTP 401)" in result.stderr
-    assert not (fab.tmp / "state").exists()
+    assert not list((fab.tmp / "state").glob("**/runner.json"))  # no job was started
+    assert not (fab.tmp / "state" / "pipeline" / "driver.json").exists()  # nor a driver
+
+
+def test_a_no_op_train_asks_the_hub_nothing_and_a_run_with_work_checks_the_token_first(fab: Fab):
+    repo = f"tester/noop-{fab.tmp.name}"
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(hub_repo=repo))
+    fab.hub.requests.clear()  # the Hub stand-in serves the whole session
+    first = fab("train", "--arg", "vars.num_batches=2")
+    assert first.returncode == 0, first.stderr
+    checks = [r for r in fab.hub.requests if "whoami" in r or "auth-check" in r]
+    assert len(checks) == 3 and first.stdout.index("checking the Hugging Face token") < first.stdout.index(
+        "setup: starting"
+    )  # whoami, the base model, the repository: before the first job
+    fab.hub.requests.clear()
+    again = fab("train", "--arg", "vars.num_batches=2")
+    assert again.returncode == 0, again.stderr
+    assert "publish-hub: done already" in again.stdout and "starting" not in again.stdout.replace(
+        "pipeline started", ""
+    )
+    assert fab.hub.requests == [] and "checking the Hugging Face token" not in again.stdout

@@ -78,10 +78,8 @@ def test_a_new_vm_restores_the_environment_kept_in_the_bucket_instead_of_buildin
     assert {p.relative_to(fab.tmp): p.read_bytes() for p in (fab.tmp / "venv").rglob("*") if p.is_file()} == built
     assert subprocess.run([python, "-c", "import six; assert six.__version__ == '1.16.0'"]).returncode == 0
 
-    parts = sorted(
-        n for n in gcs.names(f"gs://{gcsemulator.BUCKET}/") if "/tpu-rl/environments/" in n and "/parts/" in n
-    )
-    gcs.write(parts[0], b"not what was kept")
+    kept = re.search(r"environment kept in (gs://\S+) \(", first.stdout).group(1)  # this spec's, this VM's
+    gcs.write(gcs.names(f"{kept}/parts/")[0], b"not what was kept")
     wipe(fab)
     rebuilt = fab("setup", *durable, timeout=900)
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
