@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -73,7 +74,8 @@ class Host:
 @contextmanager
 def loopback_host(root: Path, extra_env: dict[str, str] | None = None, sftp: bool = True) -> Iterator[Host]:
     """Start sshd on 127.0.0.1 with keys made in `root`; stop it on exit. `extra_env`: the VM's environment;
-    `sftp`: whether it serves the SFTP subsystem."""
+    `sftp`: whether it serves the SFTP subsystem. Its log (root/sshd.log) names every command it ran
+    (`round_trips` counts them)."""
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key"], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "user_key"], check=True)
@@ -104,6 +106,7 @@ PermitRootLogin prohibit-password
 SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin:{Path(python312()).parent} {passed}
 {"Subsystem sftp internal-sftp" if sftp else ""}
 ClientAliveInterval 5
+LogLevel DEBUG1
 """
     )
     Path("/run/sshd").mkdir(exist_ok=True)
@@ -155,6 +158,12 @@ def edit_yaml(path: Path, change) -> None:
     data = yaml.safe_load(path.read_text())
     change(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def round_trips(host: Host) -> int:
+    """How many commands and subsystems (SFTP) the loopback sshd has run so far: one a round trip."""
+    log = (host.key.parent / "sshd.log").read_text(errors="replace")
+    return len(re.findall(r"session_input_channel_req: session \d+ req (?:exec|subsystem)", log))
 
 
 def write_test_jobs(directory: Path, tmp: Path, packages: list[str], venv: Path | None = None) -> None:

@@ -67,10 +67,12 @@ def open_session(
     new_run: bool = False,
     runs_jobs: bool = True,
     recover: bool = False,
+    reads_states: bool = False,
 ) -> Session:
     """Check everything local first, then connect, choose the run, and build the one plan.
 
-    Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting.
+    Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting. Those that
+    show the jobs' states (`reads_states`) read them with the install's round trip, for the run expected.
     A stack of the gke backend is driven through its cluster, everything else over SSH; `recover`
     first recreates the stack's VM if it is gone.
     """
@@ -99,7 +101,10 @@ def open_session(
             connect.open_connection(conn, outputs), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values())
         )
         source = f"{driver.name}:{driver.layout.current_run}"
-    current = driver.install(values, pipeline.spec.vm.startup_marker)
+    durable = [] if target else durable_overrides(pipeline.spec, outputs)
+    expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
+    ahead = tuple(job.job_dir for job in build(files, [*durable, *overrides], expected).jobs) if expected else ()
+    current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
     if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
         # A VM with no run of its own (a new one, or a -H host recreated): the run this machine knows carries on
         # where its durable state is kept, rather than a new run training again from step 0 beside it.
@@ -116,7 +121,7 @@ def open_session(
     if target:
         plan = gke_session().plan(files, planned_with, name, target)
     else:
-        plan = build(files, [*durable_overrides(pipeline.spec, outputs), *overrides], name)
+        plan = build(files, [*durable, *overrides], name)
     session = Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
         session.check_token()

@@ -88,7 +88,7 @@ def _clock(ts):
 @reports_errors
 def status(c, arg=None, run_name=None):
     """Show the VM's pipeline (running, done or failed, since when, autostop) and each job of the run."""
-    session = open_session(c, arg or [], run_name, runs_jobs=False)
+    session = open_session(c, arg or [], run_name, runs_jobs=False, reads_states=True)
     if isinstance(session.vm, Vm):
         startup = f"startup script: {session.vm.facts['startup'].describe()}"
         lines = [startup, *pipeline.status_lines(getattr(session.vm, "pipeline", None))]
@@ -116,7 +116,7 @@ def status(c, arg=None, run_name=None):
 @reports_errors
 def logs(c, job=None, arg=None, run_name=None):
     """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
-    session = open_session(c, arg or [], run_name, runs_jobs=False)
+    session = open_session(c, arg or [], run_name, runs_jobs=False, reads_states=job is None)
     if job is None:
         states = dict(zip(session.plan.names, session.vm.states([j.job_dir for j in session.plan.jobs]), strict=True))
         started = [name for name, state in states.items() if state.state.value != "pending"]

@@ -118,6 +118,7 @@ class Vm:
         self.layout = layout
         self.clean = cleaner or Cleaner()
         self.pipeline: dict | None = None  # the VM's pipeline as `install` found it (driver.py's record)
+        self.read_ahead: tuple[tuple[str, ...], list[JobStatus]] | None = None  # job states `install` read
         # what `install` found, for `prepare` and `fab status`
         self.facts: dict = {"digests": {}, "modes": {}, "startup": startup.Startup(startup.StartupState.RUNNING)}
 
@@ -191,10 +192,13 @@ class Vm:
 
     # --- the interface ------------------------------------------------------------------------
 
-    def install(self, secrets: dict[str, str] | None = None, startup_marker: str = "") -> str | None:
+    def install(
+        self, secrets: dict[str, str] | None = None, startup_marker: str = "", read_ahead: tuple[str, ...] = ()
+    ) -> str | None:
         """One round trip: the private state folder, tpu-rl's tools put only when they changed, the pipeline
-        woken (a fab command is here: autostop waits again, a driver that died starts again), and what
-        `prepare` needs to know (the stored secrets' hashes and modes, the startup script's marker).
+        woken (a fab command is here: autostop waits again, a driver that died starts again), what `prepare`
+        needs to know (the stored secrets' hashes and modes, the startup script's marker), and the states of
+        the job folders `read_ahead` names (the run this machine expects: `states` then needs no round trip).
 
         Returns the VM's current run (the one later commands continue), if any; keeps the pipeline's state.
         """
@@ -207,6 +211,8 @@ class Vm:
         facts = f"(cd && sha256sum {paths}; stat -c 'mode %a %n' {paths}) 2>/dev/null;" if paths else ""
         if startup_marker:
             facts += f" {startup.facts_command(startup_marker)};"
+        if read_ahead:  # by these tools only: an older jobrunner's answer is not read
+            facts += f" {current} && printf 'states %s\\n' \"$({self.runner('status', *read_ahead)})\";"
         out = self.check(
             f"umask 077 && mkdir -p {q(bin_dir)} {q(secrets_dir)} && chmod 700 {q(root)} {q(bin_dir)} {q(secrets_dir)}"
             f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
@@ -234,6 +240,9 @@ class Vm:
                     sftp.posix_rename(f"{target}.new", target)
             woken = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
         self.pipeline = _pipeline(_field(woken, "pipeline"))
+        states = next((line[len("states ") :] for line in out.splitlines() if line.startswith("states [")), None)
+        if read_ahead and states and not changed:
+            self.read_ahead = (tuple(read_ahead), [JobStatus.from_json(item) for item in json.loads(states)])
         return _field(out, "current-run")
 
     def wake_command(self) -> str:
@@ -264,6 +273,10 @@ class Vm:
         return path[2:] if path.startswith("~/") else path
 
     def states(self, job_dirs: list[str]) -> list[JobStatus]:
+        """The jobs' states: read with `install` when it read these folders ahead, else in one round trip."""
+        ahead, self.read_ahead = self.read_ahead, None
+        if ahead and ahead[0] == tuple(job_dirs):
+            return ahead[1]
         out = self.check(self.runner("status", *job_dirs), "reading job state")
         return [JobStatus.from_json(item) for item in json.loads(out)]
 

@@ -26,7 +26,7 @@ from bootstrap.jobs.plan import runner_spec
 from bootstrap.remote.jobrunner import JobState, Layout
 from bootstrap.vm.connect import open_connection
 from bootstrap.vm.machine import Vm
-from tests.loopback import REPO, Fab, loopback_host, wait_for
+from tests.loopback import REPO, Fab, loopback_host, round_trips, wait_for
 
 SLOW_TRAIN = ("--arg", "vars.num_batches=6", "--arg", "train.env.STANDIN_SECONDS=1")
 
@@ -305,3 +305,17 @@ def test_a_download_keeps_the_vm_from_autostop_until_it_ends(ssh_host, tmp_path)
     assert vm.download(str(tmp_path / "events"), tmp_path / "local") == {"a.tfevents": 1000, "b.tfevents": 1000}
     assert held_at_fetch == [True, True]
     wait_for(lambda: not in_use(), 30, "the hold to end with the download")
+
+
+def test_fab_status_is_one_round_trip_and_a_no_op_train_two(fab: Fab):
+    """Counted by the real sshd: the install reads the expected run's job states too."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    before = round_trips(fab.host)
+    status = fab("status", "--arg", "vars.num_batches=2")
+    assert status.returncode == 0, status.stderr
+    assert " done " in status.stdout and "export" in status.stdout
+    assert round_trips(fab.host) - before == 1
+    before = round_trips(fab.host)
+    again = fab("train", "--arg", "vars.num_batches=2")
+    assert again.returncode == 0 and "export: done already" in again.stdout
+    assert round_trips(fab.host) - before == 2  # the install, then the plan handed to the driver
