@@ -28,6 +28,8 @@ import shutil
 import sys
 import tarfile
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 try:
     from . import faults, gcs  # on the laptop: bootstrap.remote
@@ -36,6 +38,7 @@ except ImportError:
     import gcs
 
 PART_BYTES = 64 * 2**20
+STREAMS = 4  # parts read or written at once: at most this many in memory besides the one being unpacked
 MANIFEST = "manifest.json"
 FORMAT = 1
 BUILD = 3  # restore's exit code when the setup job is to build
@@ -91,10 +94,11 @@ def python_of(venv: str) -> dict:
 
 
 class _Parts(io.RawIOBase):
-    """A write-only stream cut into parts, each uploaded under its SHA-256 as soon as it is whole."""
+    """A write-only stream cut into parts, each uploaded under its SHA-256 as soon as it is whole, up to
+    STREAMS at a time (one Cloud Storage stream is far slower than the VM's network)."""
 
-    def __init__(self, url: str):
-        self.url, self.buffer, self.parts = url, bytearray(), []
+    def __init__(self, url: str, pool: ThreadPoolExecutor):
+        self.url, self.pool, self.buffer, self.parts, self.pending = url, pool, bytearray(), [], deque()
 
     def writable(self) -> bool:
         return True
@@ -110,12 +114,16 @@ class _Parts(io.RawIOBase):
         if self.buffer:
             self._upload(bytes(self.buffer))
             self.buffer = bytearray()
+        while self.pending:
+            self.pending.popleft().result()
         return self.parts
 
     def _upload(self, data: bytes) -> None:
         digest = hashlib.sha256(data).hexdigest()
         name = f"parts/{len(self.parts):05d}-{digest[:16]}"
-        gcs.write(f"{self.url}/{name}", data)
+        while len(self.pending) >= STREAMS:  # at most STREAMS parts held in memory
+            self.pending.popleft().result()
+        self.pending.append(self.pool.submit(gcs.write, f"{self.url}/{name}", data))
         self.parts.append({"name": name, "sha256": digest, "size": len(data)})
 
 
@@ -126,12 +134,13 @@ def store(spec_digest: str, venv: str, cache: str) -> str:
     if gcs.read(f"{url}/{MANIFEST}") is not None:
         return f"environment already kept in {url}"
     started, python = time.monotonic(), python_of(venv)
-    parts = _Parts(url)
-    with tarfile.open(fileobj=parts, mode="w|") as tar:
-        tar.add(os.path.abspath(venv), arcname="venv")
-        if python["installation"]:
-            tar.add(python["installation"], arcname="python")
-    listed = parts.finish()
+    with ThreadPoolExecutor(STREAMS) as pool:
+        parts = _Parts(url, pool)
+        with tarfile.open(fileobj=parts, mode="w|") as tar:
+            tar.add(os.path.abspath(venv), arcname="venv")
+            if python["installation"]:
+                tar.add(python["installation"], arcname="python")
+        listed = parts.finish()
     size = sum(part["size"] for part in listed)
     manifest = {"key": fields, "python": python, "parts": listed, "bytes": size}
     gcs.write(f"{url}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
@@ -146,18 +155,23 @@ class Refused(Exception):
 
 
 class _Verified(io.RawIOBase):
-    """The parts read back in order, each handed on only once its SHA-256 matched the manifest's."""
+    """The parts read back in order (STREAMS read ahead at a time), each handed on only once its SHA-256
+    matched the manifest's."""
 
-    def __init__(self, url: str, parts: list[dict]):
-        self.url, self.parts, self.current = url, list(parts), memoryview(b"")
+    def __init__(self, url: str, parts: list[dict], pool: ThreadPoolExecutor):
+        self.url, self.parts, self.pool, self.current = url, deque(parts), pool, memoryview(b"")
+        self.ahead: deque = deque()
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, target) -> int:
-        while not self.current and self.parts:
-            part = self.parts.pop(0)
-            data = gcs.read(f"{self.url}/{part['name']}")
+        while len(self.ahead) < STREAMS and self.parts:
+            part = self.parts.popleft()
+            self.ahead.append((part, self.pool.submit(gcs.read, f"{self.url}/{part['name']}")))
+        if not self.current and self.ahead:
+            part, reading = self.ahead.popleft()
+            data = reading.result()
             if data is None:
                 raise Refused(f"{part['name']} is missing")
             if hashlib.sha256(data).hexdigest() != part["sha256"]:
@@ -190,7 +204,10 @@ def restore(spec_digest: str, venv: str, cache: str) -> str:
     unpacked = f"{venv}.restoring"
     shutil.rmtree(unpacked, ignore_errors=True)
     try:
-        with tarfile.open(fileobj=io.BufferedReader(_Verified(url, parts), PART_BYTES), mode="r|") as tar:
+        with (
+            ThreadPoolExecutor(STREAMS) as pool,
+            tarfile.open(fileobj=io.BufferedReader(_Verified(url, parts, pool), PART_BYTES), mode="r|") as tar,
+        ):
             for member in tar:
                 _check(member, installation is not None)
                 tar.extract(member, unpacked, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
