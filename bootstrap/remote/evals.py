@@ -6,6 +6,7 @@ card's table from the train job's log, so the card needs no laptop.
 
 from __future__ import annotations
 
+import math
 import re
 
 EVAL = re.compile(
@@ -17,6 +18,8 @@ EVAL = re.compile(
 # tunix 0.1.7's line when train_rl resumes a run from its last checkpoint (tunix/sft/checkpoint_manager.py)
 RESTORED = re.compile(r"Restored params from step: (\d+) in ")
 CARD_ROWS = "<!-- tpu-rl: eval rows -->"  # where hub_upload.py puts the table's rows in the model card
+CARD_RESULT = "<!-- tpu-rl: result -->"  # where it puts the run's result line and warnings
+Z95 = 1.96
 
 
 def parse(line: str) -> dict | None:
@@ -95,3 +98,75 @@ def from_log(path: str, total_steps: int | None) -> list[dict]:
     except FileNotFoundError:
         return []
     return final(evals, total_steps)
+
+
+def outcome(evals: list[dict]) -> dict | None:
+    """The run's result: the first attempt's eval before training (never a resumed attempt's eval of restored
+    weights) against the last eval (after training, else the latest step's), with the 95% interval of the
+    change (Agresti-Caffo: one success and one failure added to each side, sound at 0% and 100% too)."""
+    before = next((e for e in evals if e["phase"] == "pre"), None)
+    later = [e for e in evals if e["phase"] != "pre"]
+    if before is None or not later:
+        return None
+    after = next((e for e in later if e["phase"] == "post"), None) or max(later, key=lambda e: e["step"] or 0)
+
+    def spread(e: dict, key: str) -> float:
+        n = e["total"] + 2
+        p = (e[key] / 100 * e["total"] + 1) / n
+        return p * (1 - p) / n
+
+    change = after["accuracy"] - before["accuracy"]
+    margin = 100 * Z95 * math.sqrt(spread(before, "accuracy") + spread(after, "accuracy"))
+    format_margin = 100 * Z95 * math.sqrt(spread(before, "format_accuracy") + spread(after, "format_accuracy"))
+    return {
+        "before": before["accuracy"],
+        "after": after["accuracy"],
+        "after_label": label(after),
+        "change": round(change, 2),
+        "interval": round(margin, 2),
+        "problems": int(after["total"]),
+        "format_before": before["format_accuracy"],
+        "format_after": after["format_accuracy"],
+        "format_interval": round(format_margin, 2),
+        "mean_reward_after": after["mean_reward"],
+        "judged": abs(change) > margin,
+    }
+
+
+def result_line(result: dict) -> str:
+    """`GSM8K accuracy 48.2% -> 61.5% (+13.3 points, 95% interval +-3.8) on 1,319 held-out problems; format 71% ->
+    98%`, and when the change is within the interval, that these problems cannot tell it from noise."""
+    line = (
+        f"GSM8K accuracy {result['before']:.1f}% -> {result['after']:.1f}% ({result['change']:+.1f} points, 95% "
+        f"interval +-{result['interval']:.1f}) on {result['problems']:,} held-out problems; format "
+        f"{result['format_before']:.0f}% -> {result['format_after']:.0f}%"
+    )
+    if not result["judged"]:
+        line += f"; too few problems to tell this change from noise (+-{result['interval']:.1f} points)"
+    return line
+
+
+def warnings(result: dict) -> list[str]:
+    """What a practitioner would point out, one line each with its numbers: the format learned instead of the
+    task, and a model worse than the one it was trained from."""
+    found = []
+    format_rose = result["format_after"] - result["format_before"] > result["format_interval"]
+    if format_rose and result["change"] <= result["interval"]:
+        found.append(
+            f"format accuracy rose {result['format_before']:.0f}% -> {result['format_after']:.0f}% while accuracy did "
+            f"not ({result['before']:.1f}% -> {result['after']:.1f}%): the model learned the answer format, not the task"
+        )
+    if result["change"] < -result["interval"]:
+        found.append(
+            f"accuracy fell {result['before']:.1f}% -> {result['after']:.1f}% ({result['change']:+.1f} points, beyond "
+            f"the +-{result['interval']:.1f} of noise): this model is worse than the one it was trained from"
+        )
+    return found
+
+
+def card_result(evals: list[dict]) -> str:
+    """The model card's result paragraph (Markdown), or a plain note that no evals were logged."""
+    result = outcome(evals)
+    if result is None:
+        return "No GSM8K evals before and after training were logged for this run."
+    return "\n\n".join([f"**Result:** {result_line(result)}.", *(f"**Warning:** {w}." for w in warnings(result))])

@@ -62,9 +62,10 @@ def wanted_files(folder: str, card: str) -> dict[str, tuple[str, str]]:
 
 
 def write_card(template: str, results: list[dict]) -> str:
-    """The card beside its template, with the eval table's rows in place."""
+    """The card beside its template, with the eval table's rows and the run's result in place."""
     with open(template) as f:
         text = f.read().replace(evals.CARD_ROWS, evals.card_rows(results))
+    text = text.replace(evals.CARD_RESULT, evals.card_result(results))
     card = os.path.join(os.path.dirname(template), CARD_NAME)
     with open(card, "w") as f:
         f.write(text)

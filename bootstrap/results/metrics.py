@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENSORS, EventAccumulator  # noqa: E402
 from tensorboard.util import tensor_util  # noqa: E402
 
+from ..remote import evals  # noqa: E402
 from .runs import minutes  # noqa: E402
 
 PANELS = {
@@ -203,10 +204,13 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
 def summarize(record, path: Path, losses: dict) -> dict:
     """Per-job durations, evals, durable copies and what losses cost train: what to compare with the next run."""
     jobs = {name: {"state": info.get("state"), "minutes": minutes(info)} for name, info in record.jobs.items()}
+    result = evals.outcome(record.evals)
     summary = {
         "run": record.name,
         "jobs": jobs,
         "evals": record.evals,
+        "result": {**result, "line": evals.result_line(result)} if result else None,
+        "warnings": evals.warnings(result) if result else [],
         "results": record.results,
         "train_losses": losses,
     }

@@ -31,7 +31,8 @@ def _arg(argv: list[str], key: str, default: str = "") -> str:
 
 
 def model_card(plan: Plan) -> str:
-    """A Hub model card: base model, algorithm, steps, dataset; the VM fills in the eval rows (evals.CARD_ROWS)."""
+    """A Hub model card: base model, algorithm, steps, dataset; the VM fills in the eval rows and the run's result
+    (evals.CARD_ROWS, evals.CARD_RESULT)."""
     argv = plan.job("train").rendered.argv
     base_model = plan.base_model or _arg(argv, "model_name")
     algorithm = _arg(argv, "rl.loss_algo", "grpo").upper()
@@ -53,6 +54,8 @@ tags:
 Trained with MaxText on a Cloud TPU v6e-8 by tpu-rl: run `{plan.run_name}`,
 {algorithm} for {steps} batches of `{DATASET}` (config `main`), checkpoint exported back to Hugging Face format.
 {f"Learning rate: {lr.line()}." if lr else ""}
+
+{evals.CARD_RESULT}
 
 | GSM8K eval | accuracy % | format accuracy % | partial accuracy % | mean reward |
 |---|---|---|---|---|

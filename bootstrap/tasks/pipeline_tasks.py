@@ -14,6 +14,7 @@ from ..results import runs
 from ..results.publish import durable_jobs, report
 from ..vm import pipeline
 from ..vm.machine import Vm
+from ..vm.progress import result_lines
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
@@ -96,7 +97,7 @@ def status(c, arg=None, run_name=None):
         from ..gke import driving  # a gke stack only
 
         lines = driving.status_lines(session)
-    for line in lines:
+    for line in [*lines, *result_lines(session.record.evals)]:
         console.print(line, markup=False, highlight=False)
     table = Table(title=f"run {session.plan.run_name} on {session.vm.name}")
     for column in ("job", "state", "started", "duration", "outputs"):

@@ -57,6 +57,14 @@ def parse(line: str, total_steps: int | None = None) -> Update | None:
     return None
 
 
+def result_lines(results: list[dict]) -> list[str]:
+    """The run's result in one line, then each warning in one line (evals.outcome); none before two evals."""
+    result = evals.outcome(results)
+    if result is None:
+        return []
+    return [f"result: {evals.result_line(result)}", *(f"warning: {w}" for w in evals.warnings(result))]
+
+
 def eval_table(results: list[dict]) -> Table:
     table = Table(title="GSM8K evaluation")
     for column in ("when", "accuracy %", "format accuracy %", "partial accuracy %", "mean reward", "correct"):

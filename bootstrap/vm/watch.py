@@ -18,7 +18,7 @@ from ..remote.driver import Action, PipelineState
 from ..results.runs import minutes
 from ..session import Session
 from .machine import JobStatus
-from .progress import Board, JobProgress, eval_table
+from .progress import Board, JobProgress, eval_table, result_lines
 
 LOG_TAIL_LINES = 30
 
@@ -117,6 +117,8 @@ class Watcher:
             )
         if record.evals:
             session.console.print(eval_table(record.evals))
+        for line in result_lines(record.evals):
+            session.console.print(line, markup=False, highlight=False)
         if self.ended:
             session.console.print(self.summary())
 

@@ -1,0 +1,102 @@
+"""The run's result from the evals MaxText logged: one line with the change and its 95% interval, and the
+warnings a practitioner would give, the same in fab's output, summary.json and the model card."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bootstrap.remote import evals, hub_upload
+from bootstrap.results import metrics
+from bootstrap.results.runs import RunRecord
+from bootstrap.vm.progress import result_lines
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+
+def line(phase: str, correct: int, total: int, fmt: float, reward: float = 0.5) -> str:
+    """An eval line exactly as train_rl.py and tunix's hooks log it (tests/fixtures/logs/train.log)."""
+    accuracy = 100 * correct / total
+    return (
+        f"W1130 21:04:06.730518 140248714398592 train_rl.py:716] {phase}: corr={correct}, total={total}, "
+        f"accuracy={accuracy:.1f}%, partial_accuracy={accuracy:.1f}%, format_accuracy={fmt:.1f}%, mean_reward={reward:.4f}"
+    )
+
+
+def from_lines(tmp_path, *lines: str) -> list[dict]:
+    log = tmp_path / "log"
+    log.write_text("\n".join(lines) + "\n")
+    return evals.from_log(str(log), total_steps=50)
+
+
+def test_the_recorded_real_log_gives_its_own_numbers_and_says_two_problems_cannot_judge():
+    found = evals.from_log(str(LOGS / "train.log"), total_steps=4)
+    result = evals.outcome(found)
+    assert (result["before"], result["after"], result["problems"]) == (0.0, 0.0, 2)  # the log's own numbers
+    assert evals.result_line(result) == (
+        f"GSM8K accuracy 0.0% -> 0.0% (+0.0 points, 95% interval +-{result['interval']:.1f}) on 2 held-out problems; "
+        f"format 0% -> 0%; too few problems to tell this change from noise (+-{result['interval']:.1f} points)"
+    )
+    assert result["interval"] > 50 and not result["judged"] and evals.warnings(result) == []
+
+
+def test_a_healthy_run_on_the_whole_test_split(tmp_path):
+    found = from_lines(tmp_path, line("Pre RL Training", 636, 1319, 71), line("Post RL Training", 811, 1319, 98))
+    assert result_lines(found) == [
+        "result: GSM8K accuracy 48.2% -> 61.5% (+13.3 points, 95% interval +-3.8) on 1,319 held-out problems; "
+        "format 71% -> 98%"
+    ]
+
+
+def test_a_format_learned_instead_of_the_task_is_said_with_its_numbers(tmp_path):
+    found = from_lines(tmp_path, line("Pre RL Training", 636, 1319, 40), line("Post RL Training", 640, 1319, 97))
+    assert result_lines(found)[1:] == [
+        "warning: format accuracy rose 40% -> 97% while accuracy did not (48.2% -> 48.5%): the model learned the "
+        "answer format, not the task"
+    ]
+
+
+def test_a_worse_model_is_said_and_a_small_drop_is_only_noise(tmp_path):
+    worse = from_lines(tmp_path, line("Pre RL Training", 636, 1319, 71), line("Post RL Training", 500, 1319, 71))
+    assert result_lines(worse)[1:] == [
+        "warning: accuracy fell 48.2% -> 37.9% (-10.3 points, beyond the +-3.8 of noise): this model is worse than "
+        "the one it was trained from"
+    ]
+    noise = from_lines(tmp_path, line("Pre RL Training", 636, 1319, 71), line("Post RL Training", 630, 1319, 71))
+    assert len(result_lines(noise)) == 1 and "too few problems to tell this change from noise" in result_lines(noise)[0]
+
+
+def test_a_resumed_run_is_compared_with_the_first_attempts_base_model_not_the_restored_weights(tmp_path):
+    found = from_lines(
+        tmp_path,
+        line("Pre RL Training", 100, 200, 50),  # the base model, first attempt
+        "I1130 tunix restore: Restored params from step: 20 in 1.7 seconds",
+        line("Pre RL Training", 150, 200, 90),  # the second attempt's eval of the restored weights
+        line("Post RL Training", 160, 200, 95),
+    )
+    result = evals.outcome(found)
+    assert (result["before"], result["after"], result["change"]) == (50.0, 80.0, 30.0)
+
+
+def test_no_result_without_an_eval_before_and_after():
+    assert evals.outcome([]) is None and result_lines([]) == []
+    assert evals.card_result([]) == "No GSM8K evals before and after training were logged for this run."
+
+
+@pytest.mark.parametrize("where", ["summary", "card"])
+def test_the_summary_and_the_card_carry_the_same_numbers(tmp_path, where):
+    found = from_lines(tmp_path, line("Pre RL Training", 636, 1319, 40), line("Post RL Training", 640, 1319, 97))
+    expected = evals.result_line(evals.outcome(found))
+    if where == "summary":
+        record = RunRecord(name="r1", evals=found)
+        summary = metrics.summarize(record, tmp_path / "summary.json", {})
+        assert json.loads((tmp_path / "summary.json").read_text())["result"]["line"] == expected
+        assert summary["warnings"] == evals.warnings(evals.outcome(found)) and len(summary["warnings"]) == 1
+    else:
+        template = tmp_path / "card.template.md"
+        template.write_text(f"# card\n\n{evals.CARD_RESULT}\n\n| eval |\n{evals.CARD_ROWS}\n")
+        card = Path(hub_upload.write_card(str(template), found)).read_text()
+        assert f"**Result:** {expected}." in card and "**Warning:** format accuracy rose 40% -> 97%" in card
+        assert evals.CARD_RESULT not in card and evals.CARD_ROWS not in card
