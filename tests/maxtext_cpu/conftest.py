@@ -60,6 +60,7 @@ def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
         "train.max_prefill_predict_length=128",
         "train.max_target_length=160",
         "train.num_test_batches=2",
+        "train.eval_batch_size=1",  # 2 problems: the tiny model on CPU
         "train.rl.num_generations=4",
         # A learning signal on the tiny model (make_inputs.py gives it a prior for the format tags): rl.yml
         # scores the format 0 either way; a tag seen exactly once earns 0.5, any other count costs 0.5.

@@ -87,7 +87,7 @@ def line_of(path: Path, text: str) -> int:
 
 
 FILE_CASES = [
-    ("train.yaml", "  num_test_batches: 10\n", "  num_test_batches: [10\n", "not valid YAML"),
+    ("train.yaml", "  num_test_batches: 42\n", "  num_test_batches: [42\n", "not valid YAML"),
     ("train.yaml", "  run_name: ${run_name}", "  run_name: ${nope}", "args.run_name: undefined variable ${nope}"),
     (
         "convert.yaml",

@@ -39,7 +39,7 @@ REFERENCE = {
     "train": """python3 -m maxtext.trainers.post_train.rl.train_rl model_name=llama3.1-8b-Instruct
       load_parameters_path=$MODEL_CHECKPOINT_DIRECTORY/0/items run_name=$RUN_NAME
       base_output_directory=$BASE_OUTPUT_DIRECTORY chips_per_vm=8 num_batches=50
-      learning_rate_schedule_steps=0 checkpoint_period=5 max_num_checkpoints_to_keep=2 num_test_batches=10 rollout_data_parallelism=1 rollout_tensor_parallelism=-1""",
+      learning_rate_schedule_steps=0 checkpoint_period=5 max_num_checkpoints_to_keep=2 num_test_batches=42 eval_batch_size=32 rollout_data_parallelism=1 rollout_tensor_parallelism=-1""",
     "export": """python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=llama3.1-8b-Instruct
       load_parameters_path=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/$NUM_BATCHES/model_params
       base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained/ scan_layers=True
