@@ -455,7 +455,9 @@ def _stop(record: dict) -> None:
 def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
     """Drive `plan`: attach to the driver running it, refuse while another one runs, else start one.
 
-    Returns the exit code and what to print: {"started"|"attached"|"busy": the pipeline's record}.
+    Returns the exit code and what to print: {"started"|"attached"|"busy": the pipeline's record}, or for a
+    plan marked check_first that would start a job, {"check-first": those jobs}, with nothing changed (a
+    driver waiting to autostop goes on waiting).
     """
     plan = json.loads(plan_text)
     os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
@@ -463,14 +465,14 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         fcntl.flock(serial, fcntl.LOCK_EX)  # one start at a time decides
         touch_seen(layout)
         current = info(layout)
-        if current and current["alive"]:
-            if current["state"] == PipelineState.RUNNING.value:
-                if current["digest"] == plan["digest"]:
-                    return 0, {"attached": current}
-                return BUSY, {"busy": current}
-            _stop(current)
+        if current and current["alive"] and current["state"] == PipelineState.RUNNING.value:
+            if current["digest"] == plan["digest"]:
+                return 0, {"attached": current}
+            return BUSY, {"busy": current}
         if plan.get("check_first") and (starting := would_start(plan)):
             return CHECK_FIRST, {"check-first": starting}
+        if current and current["alive"]:
+            _stop(current)
         write_json(_path(layout, PLAN), plan)
         events = _path(layout, EVENTS)
         if os.path.exists(events):

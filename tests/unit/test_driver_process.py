@@ -235,3 +235,26 @@ def test_autostop_never_stops_the_vm_while_a_fab_command_uses_it(tmp_path):
     assert holder.wait(30) == 0
     autostop.join(60)
     assert stopped.exists() and not autostop.is_alive()
+
+
+def _start(layout: Layout, the_plan: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, driver.__file__, "start", layout.root, "--follow"],
+        input=json.dumps(the_plan), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_plan_marked_check_first_starts_nothing_while_a_job_would_start_and_leaves_a_waiting_driver_alone(tmp_path):
+    layout = Layout(str(tmp_path / "state"))
+    done = plan(tmp_path, [("a", "true", [])], autostop={"idle_seconds": 600, "command": ["true"]})
+    assert drive(tmp_path, done)[-1]["state"] == "done"
+    waiting = wait_for(lambda: (r := _record(layout)).get("autostop_at") and r, 30, "the driver to wait to autostop")
+    more = plan(tmp_path, [("a", "true", []), ("b", "true", ["a"]), ("c", "true", [])])
+    refused = _start(layout, {**more, "digest": "d2", "check_first": True})
+    assert refused.returncode == driver.CHECK_FIRST
+    assert sorted(json.loads(refused.stdout)["check-first"]) == ["b", "c"]  # a is done: both would start now
+    assert not (tmp_path / "jobs" / "b").exists() and not (tmp_path / "jobs" / "c").exists()
+    assert _record(layout)["pid"] == waiting["pid"] and jobrunner.alive(waiting)  # still waiting to autostop
+    nothing = _start(layout, {**done, "digest": "d3", "check_first": True})  # all done: it just runs
+    assert nothing.returncode == 0 and json.loads(nothing.stdout.splitlines()[-1])["state"] == "done"
+    os.kill(_record(layout)["pid"], signal.SIGTERM)
