@@ -73,6 +73,11 @@ def _os_release() -> str:
     return f"{values.get('ID', '?').strip(chr(34))} {values.get('VERSION_ID', '?').strip(chr(34))}"
 
 
+def _uv_pythons() -> str:
+    """The folder uv installs its Pythons in."""
+    return os.path.realpath(os.path.expanduser(os.environ.get("UV_PYTHON_INSTALL_DIR", "~/.local/share/uv/python")))
+
+
 def python_of(venv: str) -> dict:
     """The Python the venv runs on: pyvenv.cfg's `home`, and when uv installed it (below uv's Python folder),
     its installation folder and the minor-version link uv may name it by; a system or pyenv Python is not
@@ -83,7 +88,7 @@ def python_of(venv: str) -> dict:
     except OSError:
         home = ""
     found = {"home": home, "installation": None, "link": None}
-    managed = os.path.realpath(os.path.expanduser(os.environ.get("UV_PYTHON_INSTALL_DIR", "~/.local/share/uv/python")))
+    managed = _uv_pythons()
     named = os.path.dirname(home.rstrip("/"))  # .../cpython-3.12-linux-x86_64-gnu (perhaps a link)
     installation = os.path.realpath(named) if named else ""
     if installation.startswith(managed + os.sep):
@@ -131,7 +136,7 @@ def store(spec_digest: str, venv: str, cache: str) -> str:
     """Keep the built environment in the bucket (nothing when this key is kept already); one line."""
     fields = key_fields(spec_digest, venv)
     url = entry_url(cache, fields)
-    if gcs.read(f"{url}/{MANIFEST}") is not None:
+    if _whole(url):
         return f"environment already kept in {url}"
     started, python = time.monotonic(), python_of(venv)
     with ThreadPoolExecutor(STREAMS) as pool:
@@ -148,6 +153,18 @@ def store(spec_digest: str, venv: str, cache: str) -> str:
     return (
         f"environment kept in {url} ({size / 2**30:.2f} GiB in {len(listed)} parts, {time.monotonic() - started:.0f} s)"
     )
+
+
+def _whole(url: str) -> bool:
+    """The entry's manifest is there and names parts that are all there at their sizes (a part removed by a
+    lifecycle rule makes the next build keep the entry again)."""
+    text = gcs.read(f"{url}/{MANIFEST}")
+    try:
+        parts = json.loads(text)["parts"] if text is not None else None
+    except (ValueError, KeyError, TypeError):
+        return False
+    found = gcs.sizes(f"{url}/parts/") if parts else {}
+    return bool(parts) and all(found.get(f"{url}/{part['name']}") == part["size"] for part in parts)
 
 
 class Refused(Exception):
@@ -197,6 +214,12 @@ def restore(spec_digest: str, venv: str, cache: str) -> str:
         raise Refused(f"{url}/{MANIFEST} is not a manifest") from None
     if manifest.get("key") != fields:
         raise Refused(f"{url} holds another key's environment")
+    managed = _uv_pythons()
+    for path in [p for p in (installation, link and link[0]) if p]:
+        if os.path.dirname(os.path.abspath(path)) != managed:
+            raise Refused(f"its manifest names {path}, not a Python of uv's ({managed})")
+    if link and "/" in link[1]:
+        raise Refused(f"its manifest links {link[0]} to {link[1]}, not to a Python beside it")
     if not installation and not os.path.isdir(home):
         raise Refused(f"its Python ({home}) is not on this machine")
     started, venv = time.monotonic(), os.path.abspath(venv)
@@ -209,7 +232,7 @@ def restore(spec_digest: str, venv: str, cache: str) -> str:
             tarfile.open(fileobj=io.BufferedReader(_Verified(url, parts, pool), PART_BYTES), mode="r|") as tar,
         ):
             for member in tar:
-                _check(member, installation is not None)
+                _check(member, installation is not None, unpacked)
                 tar.extract(member, unpacked, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
         for root in reversed(ROOTS):  # the Python first: a venv in place always has its interpreter
             if targets[root] and os.path.isdir(os.path.join(unpacked, root)):
@@ -225,13 +248,29 @@ def restore(spec_digest: str, venv: str, cache: str) -> str:
     return f"environment restored from {url} ({manifest['bytes'] / 2**30:.2f} GiB in {seconds:.0f} s), not built"
 
 
-def _check(member: tarfile.TarInfo, has_python: bool) -> None:
-    """Only what store writes: below one of the roots, no absolute name, no `..`, no device."""
-    top = member.name.split("/", 1)[0]
-    if top not in ROOTS or (top == "python" and not has_python):
+def _check(member: tarfile.TarInfo, has_python: bool, unpacked: str) -> None:
+    """Only what store writes: below one of the roots, no absolute name, no `..`, no device, a hard link only
+    to an earlier member, no name twice, and nothing written through a link (a symlink, then a file below it)."""
+
+    def inside(name: str) -> bool:
+        top = name.split("/", 1)[0]
+        return (
+            top in ROOTS
+            and (top != "python" or has_python)
+            and not name.startswith("/")
+            and ".." not in name.split("/")
+        )
+
+    if not inside(member.name) or member.isdev():
         raise Refused(f"the archive holds {member.name!r}, outside what is kept")
-    if member.name.startswith("/") or ".." in member.name.split("/") or member.isdev():
-        raise Refused(f"the archive holds {member.name!r}, which is refused")
+    if member.islnk() and not inside(member.linkname):
+        raise Refused(f"the archive links {member.name!r} to {member.linkname!r}, outside what is kept")
+    target = os.path.join(unpacked, member.name)
+    if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target) and not os.path.islink(target)):
+        raise Refused(f"the archive holds {member.name!r} twice")  # a file written over a link put there first
+    parent = os.path.realpath(os.path.join(unpacked, os.path.dirname(member.name)))
+    if parent != os.path.realpath(unpacked) and not parent.startswith(os.path.realpath(unpacked) + os.sep):
+        raise Refused(f"the archive writes {member.name!r} through a link, outside what is kept")
 
 
 def _move_into_place(unpacked: str, target: str, keep_existing: bool) -> None:

@@ -40,6 +40,7 @@ class RunRecord:
     jobs: dict[str, dict] = field(default_factory=dict)  # job -> state, started, finished, ...
     evals: list[dict] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # durable copies of the export
+    machine: str = ""  # the VM (host and state folder) the run was last handed to (vm.machine.Vm.identity)
 
     @property
     def folder(self) -> Path:
@@ -62,7 +63,7 @@ class RunRecord:
         if not path.exists():
             return cls(name)
         data = json.loads(path.read_text())
-        return cls(**{key: data[key] for key in ("name", "jobs", "evals", "results") if key in data})
+        return cls(**{key: data[key] for key in ("name", "jobs", "evals", "results", "machine") if key in data})
 
     def save(self) -> None:
         """Merged into what is on disk, under a lock: two fabs watching one pipeline save it at once, and
@@ -74,7 +75,9 @@ class RunRecord:
             self.jobs = {**disk.jobs, **self.jobs}
             self.results = {**disk.results, **self.results}
             self.evals = self.evals or disk.evals
+            self.machine = self.machine or disk.machine
             data = {"name": self.name, "jobs": self.jobs, "evals": self.evals, "results": self.results}
+            data["machine"] = self.machine
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             _replace(runs_dir() / CURRENT, self.name + "\n")
 

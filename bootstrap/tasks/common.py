@@ -106,11 +106,13 @@ def open_session(
     ahead = tuple(job.job_dir for job in build(files, [*durable, *overrides], expected).jobs) if expected else ()
     current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
     if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
-        # A VM with no run of its own (a new one, or a -H host recreated): the run this machine knows carries on
-        # where its durable state is kept, rather than a new run training again from step 0 beside it.
+        # A VM with no run of its own (a new one, or a -H host recreated): the run this machine last handed to that
+        # same VM carries on where its durable state is kept, rather than a new run from step 0 beside it.
         if recover:
             current, source = laptop, f"{runs.runs_dir()}/{runs.CURRENT} (the lost VM's run)"
-        elif gcs.is_gcs(kept := durable_dir(files, pipeline, outputs, overrides)):
+        elif runs.RunRecord.load(laptop).machine == driver.identity and gcs.is_gcs(
+            kept := durable_dir(files, pipeline, outputs, overrides)
+        ):  # handed to this same host and state folder before (not another VM's live run)
             current, source = laptop, f"{runs.runs_dir()}/{runs.CURRENT}"
             console.print(
                 f"{driver.name} has no run of its own: carrying on with this machine's run {laptop}, whose model and "

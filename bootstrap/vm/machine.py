@@ -126,6 +126,11 @@ class Vm:
     def name(self) -> str:
         return self.conn.host
 
+    @property
+    def identity(self) -> str:
+        """This VM as a run record names it: its host and its state folder."""
+        return f"{self.name}:{self.layout.root}"
+
     # --- plumbing ---------------------------------------------------------------------------
 
     @contextmanager

@@ -175,6 +175,7 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
             console.print(f"attached to the pipeline on {vm.name}: {describe(answer['attached'])}")
         else:
             console.print(f"pipeline started on {vm.name}; it goes on without this laptop")
+        session.record.machine = vm.identity  # a recreated VM of this identity carries the run on (tasks/common.py)
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
             stream.close()

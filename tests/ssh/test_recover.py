@@ -18,7 +18,7 @@ import pytest
 
 from bootstrap.remote import gcs, jobrunner
 from tests import gcsemulator
-from tests.loopback import wait_for
+from tests.loopback import edit_yaml, wait_for
 from tests.stack import INSTANCE, Stack, closed_port, lose, wipe
 
 SMALL = ("--arg", "vars.num_batches=2")
@@ -218,3 +218,26 @@ def test_a_host_given_with_h_recreated_mid_train_carries_on_with_this_machines_r
     fresh = fab("train", "--new-run", "--arg", "vars.num_batches=1", "--detach")  # still the user's to choose
     assert fresh.returncode == 0, fresh.stderr
     assert "carrying on" not in fresh.stdout and "(a new run)" in fresh.stdout
+
+
+def test_another_vm_never_carries_on_with_a_run_this_machine_handed_to_a_first_one(fab, gcs_emulator, monkeypatch):
+    """Review: the laptop's current run belongs to the VM it was handed to. A second VM (another host or state
+    folder: here another state folder), with no run of its own, starts a new run beside the first VM's live one."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
+    args = (
+        "--arg",
+        f"vars.durable_dir={durable}",
+        "--arg",
+        "vars.num_batches=6",
+        "--arg",
+        "train.env.STANDIN_SECONDS=3",
+    )
+    assert fab("train", "--run-name", "r1", *args, "--detach", timeout=600).returncode == 0
+    actor = f"{durable}/post-train/r1/checkpoints/actor"
+    wait_for(lambda: jobrunner.finished_steps(actor), timeout=300, what="the first VM training r1")
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vm"].update(state_dir=str(fab.tmp / "stateB")))
+    second = fab("train", *args, "--detach", timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "carrying on" not in second.stdout and "(a new run)" in second.stdout
+    lose(fab)  # the first VM's pipeline, not this test's to finish

@@ -7,8 +7,11 @@ one: what matters here is that a restore gives back the same tree byte for byte,
 from __future__ import annotations
 
 import hashlib
+import io
+import json
 import os
 import shutil
+import tarfile
 import urllib.parse
 import urllib.request
 import uuid
@@ -172,3 +175,65 @@ def test_fab_plan_says_whether_a_new_vm_restores_or_builds_and_the_setup_job_res
     restore = script.index("envcache.py restore ")
     assert restore < script.index("uv venv --clear") < script.index("envcache.py store ")
     assert "envcache.py" not in without.job("setup").runner_spec["argv"][2]
+
+
+def plant(machine: dict, members: list[tuple[tarfile.TarInfo, bytes | None]], python: dict | None = None) -> None:
+    """An entry for this key written by someone else who may write the bucket: a crafted tar and manifest."""
+    venv = str(machine["venv"])
+    fields = envcache.key_fields("abc123", venv)
+    url = envcache.entry_url(machine["cache"], fields)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    data = buffer.getvalue()
+    gcs.write(f"{url}/parts/00000-x", data)
+    part = {"name": "parts/00000-x", "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+    python = python or {"home": "/usr/bin", "installation": None, "link": None}
+    manifest = {"key": fields, "python": python, "parts": [part], "bytes": len(data)}
+    gcs.write(f"{url}/{envcache.MANIFEST}", json.dumps(manifest).encode())
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", data: bytes = b"") -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, linkname
+    info.size = len(data) if kind == tarfile.REGTYPE else 0
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    return info, data if kind == tarfile.REGTYPE else None
+
+
+@pytest.mark.parametrize("attack", ["hard link out", "file through a symlink", "file over a symlink", "python folder"])
+def test_a_crafted_entry_writes_nothing_outside_the_venv_and_uvs_python(machine, tmp_path, monkeypatch, attack):
+    """Review: the bucket is not trusted to choose paths. With and without tarfile's extraction filters."""
+    victim, outside = tmp_path / "victim", tmp_path / "outside"
+    victim.write_text("the user's own file\n")
+    outside.mkdir()
+    top = member("venv", tarfile.DIRTYPE)
+    if attack == "hard link out":
+        plant(machine, [top, member("venv/x", tarfile.LNKTYPE, str(victim)), member("venv/x", data=b"PWNED\n")])
+    elif attack == "file through a symlink":
+        monkeypatch.delattr(tarfile, "tar_filter")  # the VM's Python 3.10 before 3.10.12 has no filters
+        plant(machine, [top, member("venv/d", tarfile.SYMTYPE, str(outside)), member("venv/d/evil", data=b"PWNED\n")])
+    elif attack == "file over a symlink":
+        monkeypatch.delattr(tarfile, "tar_filter")
+        plant(machine, [top, member("venv/x", tarfile.SYMTYPE, str(victim)), member("venv/x", data=b"PWNED\n")])
+    else:
+        python = {"home": "/nowhere", "installation": str(tmp_path / ".ssh"), "link": [str(tmp_path / ".profile"), "/"]}
+        plant(machine, [top, member("python", tarfile.DIRTYPE), member("python/authorized_keys", data=b"x\n")], python)
+    wipe(machine)
+    with pytest.raises(envcache.Refused):
+        envcache.restore("abc123", str(machine["venv"]), machine["cache"])
+    assert victim.read_text() == "the user's own file\n" and list(outside.iterdir()) == []
+    assert not (tmp_path / ".ssh").exists() and not (tmp_path / ".profile").is_symlink()
+    assert not machine["venv"].exists()
+
+
+def test_an_entry_with_a_part_gone_is_kept_again_by_the_next_build(machine):
+    venv = str(machine["venv"])
+    envcache.store("abc123", venv, machine["cache"])
+    delete(sorted(n for n in objects(machine) if "/parts/" in n)[0])  # a lifecycle rule, a clean-up
+    with pytest.raises(envcache.Refused, match="is missing"):
+        envcache.restore("abc123", venv, machine["cache"])
+    assert envcache.store("abc123", venv, machine["cache"]).startswith("environment kept in")
+    wipe(machine)
+    assert envcache.restore("abc123", venv, machine["cache"]).startswith("environment restored from")
