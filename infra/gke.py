@@ -12,6 +12,7 @@ account may only get, create and delete this namespace's JobSets (DRIVER_RULES).
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pulumi
@@ -42,6 +43,16 @@ SCOPES = [
     "https://www.googleapis.com/auth/devstorage.full_control",
     "https://www.googleapis.com/auth/cloud-platform",
 ]
+
+
+def account_id(cluster_name: str, key: str) -> str:
+    """A Google service account's id (6 to 30 characters) for one user of the cluster: the jobs' as it always
+    was; another user's ends in a hash of its name, so that a long cluster name cut to 30 never makes two
+    users one id."""
+    plain = f"{cluster_name}-{key}"
+    if key == "jobs" or len(plain) <= 30:
+        return plain[:30].rstrip("-")
+    return f"{cluster_name[:20].rstrip('-')}-{hashlib.sha256(plain.encode()).hexdigest()[:5]}-{key[:3]}"
 
 
 def tpu_node_config(settings: Settings) -> gcp.container.NodePoolNodeConfigArgs:
@@ -245,7 +256,7 @@ class GkeSlice(pulumi.ComponentResource):
         bucket; its email, for the Kubernetes account's annotation."""
         account = gcp.serviceaccount.Account(
             key,
-            account_id=f"{s.gke.cluster_name}-{key}"[:30].rstrip("-"),
+            account_id=account_id(s.gke.cluster_name, key),
             display_name=f"{PROJECT} GKE {key}",
             opts=child,
         )

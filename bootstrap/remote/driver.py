@@ -19,7 +19,7 @@ the plan's autostop time, it shuts the VM down.
     wake STATE_DIR               a fab command is here: restart a driver that died mid-pipeline or
                                  while it waited to autostop, put autostop back; print the
                                  pipeline's state as JSON
-    revive STATE_DIR             what the VM's crontab runs (every few minutes, and at boot), with
+    revive STATE_DIR [--boot]    what the VM's crontab runs (every few minutes, and at boot), with
                                  no fab command: restart a driver that died (OOM, reboot) as wake
                                  does, without counting as a fab command, at most REVIVALS times a
                                  plan mid-pipeline
@@ -72,8 +72,8 @@ PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED, IN_USE = (
 )
 REVIVALS = 3  # a driver that keeps dying mid-pipeline with no fab command is not started in a loop
 # The VM's crontab line that revives a dead driver with no fab command (`{tool}` and `{state}` quoted).
-CRON_LINE = "{when} python3 {tool} revive {state} >/dev/null 2>&1  # tpu-rl: revive the pipeline driver"
-CRON_TIMES = ("*/5 * * * *", "@reboot")
+CRON_LINE = "{when} python3 {tool} revive {state}{boot} >/dev/null 2>&1  # tpu-rl: revive the pipeline driver"
+CRON_TIMES = (("*/5 * * * *", ""), ("@reboot", " --boot"))  # at boot, the idle time counts from then
 POLL_SECONDS = 0.1  # a finished job is noticed, and its dependants started, within this
 SEEN_EVERY_SECONDS = 10  # a watcher marks itself seen this often
 START_WAIT_SECONDS = 60
@@ -474,6 +474,9 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         if current and current["alive"]:
             _stop(current)
         write_json(_path(layout, PLAN), plan)
+        if os.path.exists(_path(layout, REVIVED)):  # a plan a fab command starts may be revived again
+            os.remove(_path(layout, REVIVED))
+            faults.point("start.forgot-revivals")
         events = _path(layout, EVENTS)
         if os.path.exists(events):
             os.replace(events, f"{events}.previous")
@@ -506,13 +509,16 @@ def wake(layout: Layout) -> dict | None:
         return _revived(layout, info(layout))
 
 
-def revive(layout: Layout) -> dict | None:
+def revive(layout: Layout, boot: bool = False) -> dict | None:
     """The crontab's look, with no fab command: a driver that died starts again, mid-pipeline at most
-    REVIVALS times a plan (one that keeps dying is left for a fab command to show); `seen` is not touched."""
+    REVIVALS times a plan (one that keeps dying is left for a fab command to show); `seen` is not touched,
+    except at `boot`: a VM started again waits a whole idle time before autostop stops it again."""
     if not os.path.isdir(layout.pipeline):
         return None
     with open(_path(layout, START_LOCK), "a+") as serial:
         fcntl.flock(serial, fcntl.LOCK_EX)
+        if boot:
+            touch_seen(layout)
         current = info(layout)
         if not current or current["alive"]:
             return current
@@ -543,17 +549,16 @@ def _revived(layout: Layout, current: dict | None) -> dict | None:
 def keep_reviving(layout: Layout) -> None:
     """The crontab lines that run `revive` (added once, the user's own lines kept). Without cron (a host
     given with -H may have none), nothing: its fab commands still wake the driver."""
-    tool = os.path.abspath(__file__)
-    lines = [
-        CRON_LINE.format(when=when, tool=shlex.quote(tool), state=shlex.quote(os.path.abspath(layout.root)))
-        for when in CRON_TIMES
-    ]
+    tool, state = shlex.quote(os.path.abspath(__file__)), shlex.quote(os.path.abspath(layout.root))
+    lines = [CRON_LINE.format(when=when, tool=tool, state=state, boot=boot) for when, boot in CRON_TIMES]
+    ours = CRON_LINE.rsplit("#", 1)[1]
     try:
         listed = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30)
         have = listed.stdout if listed.returncode == 0 else ""
         if all(line in have.splitlines() for line in lines):
             return
-        kept = [line for line in have.splitlines() if not line.endswith(CRON_LINE.rsplit("#", 1)[1])]
+        # this state folder's old lines replaced; the user's own, and another state folder's, kept
+        kept = [line for line in have.splitlines() if not (line.endswith(ours) and f" revive {state}" in line)]
         text = "\n".join([*kept, *lines]) + "\n"
         subprocess.run(["crontab", "-"], input=text, capture_output=True, text=True, timeout=30, check=True)
     except (OSError, subprocess.SubprocessError):
@@ -695,7 +700,7 @@ def main(argv: list[str]) -> int:
         if command == "hold":
             return hold(layout)
         if command in ("wake", "revive"):
-            print(json.dumps(wake(layout) if command == "wake" else revive(layout)))
+            print(json.dumps(wake(layout) if command == "wake" else revive(layout, "--boot" in args[1:])))
             return 0
         if command == "start":
             code, answer = start(layout, sys.stdin.read())

@@ -47,8 +47,9 @@ POINTS = (
     "restore.wrote-result",
     # jobrunner.record_run: the run later fab commands continue
     "current-run.recorded",
-    # driver.revive: a revival counted against the plan's REVIVALS
+    # driver.revive: a revival counted against the plan's REVIVALS; driver.start: the count forgotten
     "revive.counted",
+    "start.forgot-revivals",
     # envcache: an environment kept in the bucket (its manifest last), one restored into place
     "envcache.stored",
     "envcache.removed-old",

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from infra import gke
 from tests import xpk
 
 from .program import run_program
@@ -184,3 +187,13 @@ def test_the_pipelines_driver_may_manage_this_namespaces_jobsets_and_nothing_els
     }
     assert set(accounts) == {"tpu-rl-jobs", "tpu-rl-driver"}
     assert all("iam.gke.io/gcp-service-account" in meta["annotations"] for meta in accounts.values())
+
+
+@pytest.mark.parametrize("length", [1, 6, 28, 29, 35, 40])
+def test_each_user_of_any_cluster_name_gets_its_own_valid_account_id(length):
+    """Review: past 28 characters, the jobs' and the driver's ids cut to 30 were one id; the jobs' id stays as
+    it was on existing stacks."""
+    name = "c" * length
+    jobs, driver = gke.account_id(name, "jobs"), gke.account_id(name, "driver")
+    assert jobs != driver and all(re.fullmatch(r"[a-z][a-z0-9-]{4,28}[a-z0-9]", i) for i in (jobs, driver))
+    assert jobs == f"{name}-jobs"[:30].rstrip("-")

@@ -258,3 +258,45 @@ def test_a_plan_marked_check_first_starts_nothing_while_a_job_would_start_and_le
     nothing = _start(layout, {**done, "digest": "d3", "check_first": True})  # all done: it just runs
     assert nothing.returncode == 0 and json.loads(nothing.stdout.splitlines()[-1])["state"] == "done"
     os.kill(_record(layout)["pid"], signal.SIGTERM)
+
+
+def test_a_vm_started_again_waits_a_whole_idle_time_before_autostop_stops_it_again(tmp_path):
+    """Review: the @reboot revival of a done pipeline counted the idle time from before the stop, so a VM the
+    user started again shut itself down at once."""
+    layout = Layout(str(tmp_path / "state"))
+    os.makedirs(layout.pipeline)
+    an_hour_ago = time.time() - 3600
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "start": "0", "state": "done", "digest": "d1", "run": "r", "since": an_hour_ago,
+              "autostop_idle": 600, "autostop_at": an_hour_ago + 600, "running": [], "failed": {}, "jobs": []}  # fmt: skip
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.DRIVER), record)
+    stopped = tmp_path / "stopped"
+    the_plan = plan(tmp_path, [], autostop={"idle_seconds": 600, "command": ["touch", str(stopped)]})
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.PLAN), the_plan)
+    booted = time.time()
+    run = [sys.executable, driver.__file__, "revive", layout.root, "--boot"]
+    assert json.loads(subprocess.run(run, capture_output=True, text=True, check=True).stdout)["revived"]
+    waiting = wait_for(lambda: (r := _record(layout)).get("autostop_at", 0) > an_hour_ago + 600 and r, 30)
+    assert waiting["autostop_at"] >= booted + 600 and not stopped.exists()
+    os.kill(waiting["pid"], signal.SIGTERM)
+
+
+def test_the_revive_lines_of_two_state_folders_are_both_kept(tmp_path, monkeypatch):
+    crontab, stored = tmp_path / "bin" / "crontab", tmp_path / "crontab.txt"
+    crontab.parent.mkdir()
+    crontab.write_text(f'#!/bin/sh\n[ "$1" = -l ] && exec cat {stored}\ncat > {stored}\n')
+    crontab.chmod(0o755)
+    stored.write_text("")
+    monkeypatch.setenv("PATH", f"{crontab.parent}:{os.environ['PATH']}")
+    for name in ("a", "b", "a"):
+        driver.keep_reviving(Layout(str(tmp_path / name)))
+    states = sorted(line.split(" revive ")[1].split()[0] for line in stored.read_text().splitlines())
+    assert states == [str(tmp_path / "a")] * 2 + [str(tmp_path / "b")] * 2
+
+
+def test_a_plan_a_fab_command_starts_may_be_revived_again(tmp_path):
+    layout = Layout(str(tmp_path / "state"))
+    os.makedirs(layout.pipeline)
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.REVIVED), {"digest": "d1", "count": driver.REVIVALS})
+    assert drive(tmp_path, plan(tmp_path, [("a", "true", [])]))[-1]["state"] == "done"
+    assert not os.path.exists(os.path.join(layout.pipeline, driver.REVIVED))
