@@ -15,6 +15,7 @@ Hugging Face token goes into the Secret the JobSets name.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -172,6 +173,13 @@ class Cluster:
             return self._storage(lambda: blob.download_as_bytes(), path).decode("utf-8", "replace")
         except NotFound:
             return None
+
+    def read_json(self, path: str) -> dict:
+        """A small JSON object in the bucket (a job's marker); {} if it is missing or unreadable."""
+        try:
+            return json.loads(self.read_text(path) or "{}")
+        except json.JSONDecodeError:
+            return {}
 
     def fetch(self, path: str, target: Path) -> None:
         blob = storage.Blob.from_string(path, client=self.storage)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
@@ -121,6 +121,9 @@ class ResultsSpec(Strict):
     hub_private: bool = True
     # "stack": the Pulumi stack's bucket (tpu-rl:resultsBucket), or gs://BUCKET/PREFIX
     gcs: str = Field("", pattern=r"^(|stack|gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\s]*)?)$")
+    # When the Hub copy is made (remote/evals.py gate): "improved" (after training above before by more than the
+    # noise of that many problems), "always", or the lowest GSM8K accuracy in % after training
+    publish_if: Literal["improved", "always"] | Annotated[float, Field(ge=0, le=100)] = "improved"
 
     @field_validator("hub_repo")
     @classmethod

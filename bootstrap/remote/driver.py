@@ -361,7 +361,10 @@ class Driver:
             outcome = PipelineState.FAILED
         self.save(state=outcome.value, since=time.time())
         self.emit({"event": "finished", "state": outcome.value, "failed": self.graph.failed})
-        if outcome is PipelineState.DONE:
+        if outcome is PipelineState.DONE and (why := only_on_the_vm(self.plan)):
+            self.save(autostop_idle=None, autostop_why=why)  # never revived to wait either
+            self.emit({"event": "autostop-off", "why": why})
+        elif outcome is PipelineState.DONE:
             self.autostop()
         return 0 if outcome is PipelineState.DONE else 1
 
@@ -406,6 +409,16 @@ class Driver:
                 if code == 0:
                     return
                 since = time.time()  # failed: try again after another idle time
+
+
+def only_on_the_vm(plan: dict) -> str | None:
+    """Why autostop must keep the VM up although the plan has durable copies: each of them held the model back
+    (results.publish_if), so the VM's copy, which a stop would wipe, is the only one."""
+    markers = (plan.get("autostop") or {}).get("kept_by") or []
+    records = [read_json(os.path.expanduser(marker)) or {} for marker in markers]
+    if not records or any(record and not record.get("held") for record in records):
+        return None
+    return f"off: the model was held back ({records[0]['held'][:300]}) and is kept only on the VM"
 
 
 def run(layout: Layout, autostop_only: bool = False) -> int:

@@ -170,3 +170,23 @@ def card_result(evals: list[dict]) -> str:
     if result is None:
         return "No GSM8K evals before and after training were logged for this run."
     return "\n\n".join([f"**Result:** {result_line(result)}.", *(f"**Warning:** {w}." for w in warnings(result))])
+
+
+def held_back(results: list[dict], rule: str) -> str | None:
+    """Why results.publish_if keeps this run's model off the Hub (None: publish it). `rule`: "always",
+    "improved", or the lowest accuracy after training in %. No evals never pass silently."""
+    if rule == "always":
+        return None
+    result = outcome(results)
+    if result is None:
+        return (
+            "no GSM8K evals before and after training were logged (num_test_batches: 0, or train's log is "
+            f"gone), so publish_if: {rule} cannot be judged"
+        )
+    if rule == "improved":
+        if result["judged"] and result["change"] > 0:
+            return None
+        return f"publish_if: improved, and it did not: {result_line(result)}"
+    if result["after"] >= float(rule):
+        return None
+    return f"publish_if: {rule}% accuracy, and it reached {result['after']:.1f}%: {result_line(result)}"

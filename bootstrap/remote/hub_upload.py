@@ -72,6 +72,15 @@ def write_card(template: str, results: list[dict]) -> str:
     return card
 
 
+def hold(marker: str, repo: str, why: str) -> None:
+    """The job's marker for a model that results.publish_if keeps off the Hub: the job is done (it decided),
+    fab says why and how to publish it anyway, and autostop keeps a VM that is the model's only copy."""
+    os.makedirs(os.path.dirname(marker) or ".", exist_ok=True)
+    with open(f"{marker}.tmp", "w") as f:
+        json.dump({"repo": repo, "held": why}, f)
+    os.replace(f"{marker}.tmp", marker)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder")
@@ -81,8 +90,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--evals-from", help="the train job's log, for the card's eval table")
     parser.add_argument("--steps", type=int, help="the run's steps (an eval at the last one is the Post eval)")
+    parser.add_argument("--publish-if", default="always", help='results.publish_if: "improved", "always" or a %%')
     args = parser.parse_args(argv)
-    args.card = write_card(args.card, evals.from_log(args.evals_from, args.steps) if args.evals_from else [])
+    results = evals.from_log(args.evals_from, args.steps) if args.evals_from else []
+    args.card = write_card(args.card, results)
+    if why := evals.held_back(results, args.publish_if):
+        hold(args.marker, args.repo_id, why)
+        print(f"[tpu-rl] not uploading to {args.repo_id}: {why}", flush=True)
+        return 0
 
     api = HfApi()
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)

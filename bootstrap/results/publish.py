@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from types import MappingProxyType
 
+from rich.markup import escape
+
 from ..errors import UserError
 from ..gke import jobsets
 from ..gke import session as gke_session
@@ -19,10 +21,12 @@ from ..jobs.plan import DURABLE_DIR, Plan, PlannedJob, runner_spec
 from ..jobs.spec import PipelineSpec
 from ..remote import evals, manifest
 from ..remote.jobrunner import LOG
+from ..remote.jobset_state import OUTPUTS_ANNOTATION
 from ..vm import connect
 
 DATASET = "openai/gsm8k"
 DURABLE_PREFIX = "publish-"  # the names of the durable copies' jobs
+HUB_MARKER = "published.json"  # the Hub job's output: what it uploaded, or why results.publish_if held it back
 
 
 def _arg(argv: list[str], key: str, default: str = "") -> str:
@@ -77,16 +81,19 @@ def _hub_target(plan: Plan) -> str:
     return f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}/{plan.spec.results.hub_repo}"
 
 
-def _hub_flags(plan: Plan) -> list[str]:
-    return ["--private"] if plan.spec.results.hub_private else []
+def _hub_flags(plan: Plan, publish_if: str | None = None) -> list[str]:
+    rule = publish_if or str(plan.spec.results.publish_if)
+    return [*(["--private"] if plan.spec.results.hub_private else []), "--publish-if", rule]
 
 
-def hub_job(plan: Plan, folder: str) -> PlannedJob:
-    """The Hub upload as a job of the VM's pipeline; the card's eval rows come from train's log there."""
+def hub_job(plan: Plan, folder: str, publish_if: str | None = None) -> PlannedJob:
+    """The Hub upload as a job of the VM's pipeline; the card's eval rows come from train's log there, and
+    results.publish_if (or `publish_if`: fab publish's "always") decides there whether it uploads."""
     repo = plan.spec.results.hub_repo
     job_dir = plan.layout.run_job(plan.run_name, f"publish-hub-{repo.replace('/', '--')}")
-    marker = f"{job_dir}/published.json"
-    argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), folder, repo, *_hub_flags(plan)]
+    marker = f"{job_dir}/{HUB_MARKER}"
+    argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), folder, repo]
+    argv += _hub_flags(plan, publish_if)
     argv += ["--card", f"{job_dir}/card.md", "--marker", marker, "--evals-from", f"{plan.job('train').job_dir}/{LOG}"]
     if (steps := _train_steps(plan)) is not None:
         argv += ["--steps", str(steps)]
@@ -173,19 +180,30 @@ def durable_jobs(plan: Plan, outputs: dict | None) -> list[PlannedJob]:
     return jobs + ([gcs_job(plan, folder, gcs_url(plan, outputs))] if results.gcs else [])
 
 
+def _marker_path(job: PlannedJob) -> str:
+    """Where a durable copy's job leaves its marker: its first output on a VM, its JobSet's on gke."""
+    spec = job.runner_spec
+    if "outputs" in spec:
+        return spec["outputs"][0]
+    return spec["metadata"]["annotations"][OUTPUTS_ANNOTATION].split()[0]
+
+
 def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
     """Where the model is kept (a GCS copy's folder, named by the export, from its marker), or plainly
     that it lives only in the VM's memory."""
     kept = export_url(plan)
     if kept:  # the gke backend exports into the stack's bucket, SHA256SUMS beside it
         say(f"model kept at {kept} (verified: SHA256SUMS beside it)")
+    held = []
     for job in durable:
-        where = (
-            read_marker(job.runner_spec["outputs"][0]).get("url", job.target)
-            if job.name == "publish-gcs"
-            else job.target
-        )
-        say(f"model kept at {where} (verified)")
+        marker = read_marker(_marker_path(job))
+        if marker.get("held"):
+            held.append(f"not uploaded to {marker['repo']}: {marker['held']}")
+            continue
+        say(f"model kept at {marker.get('url', job.target) if job.name == 'publish-gcs' else job.target} (verified)")
+    for line in held:
+        say(f"[bold yellow]{escape(line)}[/]")
+        say(f"The model stays at {plan.export_folder()}. Publish it anyway: fab publish --run-name {plan.run_name}")
     if not durable and not kept:
         say(
             f"[bold yellow]The trained model lives only in the VM's memory[/] ({plan.export_folder()}) and is lost "

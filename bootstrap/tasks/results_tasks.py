@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from fabric import task
 
 from ..errors import UserError
 from ..remote import attempts
-from .common import ARG_HELP, RUN_HELP, console, open_session, reports_errors
+from ..results.publish import hub_job, report
+from ..vm import pipeline
+from ..vm.machine import Vm
+from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 
 @task(name="metrics", iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP})
@@ -63,3 +67,22 @@ def download(c, dest=None, arg=None, run_name=None):
         remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)")
     )
     console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, SHA-256 verified: {local}")
+
+
+@task(iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP})
+@reports_errors
+def publish(c, arg=None, run_name=None):
+    """Upload the run's model to results.hub_repo although results.publish_if held it back (the Hub check first)."""
+    session = open_session(c, arg or [], run_name)
+    plan = session.plan
+    if not plan.spec.results.hub_repo:
+        raise UserError("results.hub_repo is not set in jobs/pipeline.yaml: there is no Hub repository to publish to")
+    if not isinstance(session.vm, Vm):
+        raise UserError("fab publish drives a VM; on gke set results.publish_if: always and run fab train")
+    job = hub_job(plan, plan.export_folder(), publish_if="always")
+    marker = job.runner_spec["outputs"][0]
+    if held := session.vm.read_json(marker).get("held"):
+        console.print(f"publishing {plan.run_name} to {plan.spec.results.hub_repo} although it was held back ({held})")
+        session.vm.check(f"rm -f {shlex.quote(marker)}", "forgetting that the upload was held back")
+    pipeline.run(session, [job], "publish", False, prepare)
+    report(plan, [job], console.print, session.vm.read_json)

@@ -98,7 +98,13 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
         "digest": digest,
         "hint": session.hint(task),
         "started_by": owner(),
-        "autostop": {"idle_seconds": idle, "why": why, "command": session.plan.spec.vm.autostop_command},
+        "autostop": {
+            "idle_seconds": idle,
+            "why": why,
+            "command": session.plan.spec.vm.autostop_command,
+            # the durable copies' markers: one that held the model back (results.publish_if) keeps no copy
+            "kept_by": [job.runner_spec["outputs"][0] for job in jobs if job.name.startswith(DURABLE_PREFIX)],
+        },
     }
 
 

@@ -236,7 +236,7 @@ def test_the_hub_upload_runs_in_the_cluster_after_export_and_sends_the_exported_
     repo = "tester/grpo-gke"
     pipeline = tmp_path / "jobs" / "pipeline.yaml"
     spec = yaml.safe_load(pipeline.read_text())
-    spec["results"]["hub_repo"] = repo
+    spec["results"].update(hub_repo=repo, publish_if="always")  # train's log is not kept on gke: no evals
     pipeline.write_text(yaml.safe_dump(spec, sort_keys=False))
     script(fab.kube)
     fab.kube.scripts["publish-hub"] = [Run([], "exec")]
@@ -284,7 +284,7 @@ def wait_until(condition, what: str, timeout: float = 240):
 def with_hub_repo(tmp_path, repo: str) -> None:
     pipeline = tmp_path / "jobs" / "pipeline.yaml"
     spec = yaml.safe_load(pipeline.read_text())
-    spec["results"]["hub_repo"] = repo
+    spec["results"].update(hub_repo=repo, publish_if="always")  # train's log is not kept on gke: no evals
     pipeline.write_text(yaml.safe_dump(spec, sort_keys=False))
 
 
@@ -436,3 +436,21 @@ def test_the_api_lost_while_watching_ends_the_watch_in_one_line_and_the_pipeline
     wait_until(lambda: fab.kube.jobsets[driver].get("status"), "the driver's pod ended")
     again = fab("train", "--run-name", "r11")
     assert again.returncode == 0 and again.stdout.count("done already") == 3, again.stdout + again.stderr
+
+
+def test_on_gke_an_improved_gate_holds_the_hub_copy_back_and_says_no_evals_were_logged(fab, tmp_path):
+    """train's log goes with its pod: no evals reach the Hub job, so results.publish_if: improved (the default)
+    holds the model back, and fab says why instead of a silent upload or a silent skip."""
+    repo = "tester/grpo-gke-gated"
+    pipeline = tmp_path / "jobs" / "pipeline.yaml"
+    spec = yaml.safe_load(pipeline.read_text())
+    spec["results"]["hub_repo"] = repo
+    pipeline.write_text(yaml.safe_dump(spec, sort_keys=False))
+    script(fab.kube)
+    fab.kube.scripts["publish-hub"] = [Run([], "exec")]
+    result = fab("train", "--run-name", "r9")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"not uploaded to {repo}: no GSM8K evals before and after training were logged" in " ".join(
+        result.stdout.split()
+    )
+    assert repo not in fab.hub.repos

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import uuid
 
 import yaml
 
@@ -134,3 +136,45 @@ def test_a_no_op_train_asks_the_hub_nothing_and_a_run_with_work_checks_the_token
         "pipeline started", ""
     )
     assert fab.hub.requests == [] and "checking the Hugging Face token" not in again.stdout
+
+
+def gate(fab: Fab, rule: str) -> str:
+    """A Hub target of this test's own, gated by `rule`; the repository's name."""
+    repo = f"tester/gate-{uuid.uuid4().hex[:8]}"
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(hub_repo=repo, publish_if=rule))
+    return repo
+
+
+def test_a_worse_model_is_held_back_from_the_hub_and_fab_publish_uploads_it_anyway(fab: Fab):
+    repo = gate(fab, "improved")
+    worse = ("--arg", "vars.num_batches=2", "--arg", "train.env.STANDIN_EVALS=600,500,1319")
+    held = fab("train", *worse)
+    assert held.returncode == 0, held.stderr
+    out = " ".join(held.stdout.split())
+    assert f"not uploaded to {repo}: publish_if: improved, and it did not: GSM8K accuracy 45.5% -> 37.9%" in out
+    assert "warning: accuracy fell 45.5% -> 37.9%" in out and "Publish it anyway: fab publish --run-name" in out
+    assert repo not in fab.hub.repos and repo not in fab.hub.commits  # the Hub received nothing
+    record = json.loads((fab.tmp / "state" / "pipeline" / "driver.json").read_text())
+    assert record["autostop_idle"] is None and record["autostop_why"].startswith("off: the model was held back")
+    again = fab("train", *worse)  # a no-op: held stays held, nothing is trained or uploaded
+    assert again.returncode == 0 and "publish-hub: done already" in again.stdout and repo not in fab.hub.repos
+    run = (fab.tmp / "state" / "current-run").read_text().strip()
+    published = fab("publish", "--run-name", run, *worse)
+    assert published.returncode == 0, published.stderr
+    assert "although it was held back" in published.stdout and f"model kept at {fab.hub.url}/{repo}" in published.stdout
+    assert set(fab.hub.repos[repo]) >= {"README.md", "model.safetensors", "SHA256SUMS"}
+    card = fab.hub.repos[repo]["README.md"].decode()
+    assert "**Result:** GSM8K accuracy 45.5% -> 37.9%" in card and "**Warning:** accuracy fell" in card
+
+
+def test_a_better_model_is_uploaded_and_a_run_without_evals_is_held_back_with_its_reason(fab: Fab):
+    repo = gate(fab, "improved")
+    better = fab("train", "--arg", "vars.num_batches=2", "--arg", "train.env.STANDIN_EVALS=600,800,1319")
+    assert better.returncode == 0, better.stderr
+    assert "result: GSM8K accuracy 45.5% -> 60.7%" in better.stdout and "model.safetensors" in fab.hub.repos[repo]
+    repo = gate(fab, "improved")
+    silent = fab("train", "--new-run", "--arg", "vars.num_batches=2", "--arg", "train.num_test_batches=0")
+    assert silent.returncode == 0, silent.stderr
+    out = " ".join(silent.stdout.split())
+    assert f"not uploaded to {repo}: no GSM8K evals before and after training were logged" in out
+    assert repo not in fab.hub.repos

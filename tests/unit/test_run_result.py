@@ -100,3 +100,25 @@ def test_the_summary_and_the_card_carry_the_same_numbers(tmp_path, where):
         card = Path(hub_upload.write_card(str(template), found)).read_text()
         assert f"**Result:** {expected}." in card and "**Warning:** format accuracy rose 40% -> 97%" in card
         assert evals.CARD_RESULT not in card and evals.CARD_ROWS not in card
+
+
+@pytest.mark.parametrize(
+    ("rule", "before", "after", "held"),
+    [
+        ("improved", 636, 811, None),  # +13.3 points, beyond +-3.8
+        ("improved", 636, 640, "publish_if: improved, and it did not: GSM8K accuracy 48.2% -> 48.5%"),  # noise
+        ("improved", 636, 500, "publish_if: improved, and it did not: GSM8K accuracy 48.2% -> 37.9%"),  # worse
+        ("always", 636, 500, None),
+        ("55", 636, 811, None),
+        ("55", 636, 700, "publish_if: 55% accuracy, and it reached 53.1%"),
+    ],
+)
+def test_the_publish_gate(tmp_path, rule, before, after, held):
+    found = from_lines(tmp_path, line("Pre RL Training", before, 1319, 71), line("Post RL Training", after, 1319, 90))
+    why = evals.held_back(found, rule)
+    assert why == held if held is None else why.startswith(held)
+
+
+def test_no_evals_never_pass_an_improved_gate_silently():
+    assert evals.held_back([], "improved").startswith("no GSM8K evals before and after training were logged")
+    assert evals.held_back([], "always") is None

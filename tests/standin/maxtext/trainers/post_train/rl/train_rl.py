@@ -3,10 +3,13 @@
 As the real trainer (tests/fixtures/logs/train.log): a `Train step N training loss:` line per
 step; checkpoints at step 1, every checkpoint_period and the last, each with model_params/
 and optimizer_state/, the oldest removed beyond max_num_checkpoints_to_keep (orbax's max_to_keep); one event file directly in tensorboard/, reward tags one step behind
-the actor tags; an intermediate eval every eval_interval steps, the last step included;
+the actor tags; an intermediate eval every eval_interval steps, the last step included (no eval at
+all with num_test_batches=0);
 accuracy printed as a raw float. Resumes like MaxText: a run with checkpoints continues
 after its last step.
 """
+
+import os
 
 from maxtext import _standin
 
@@ -14,7 +17,12 @@ DEFAULTS = {"checkpoint_period": "50", "max_num_checkpoints_to_keep": "10"}  # r
 
 
 def eval_line(phase: str, step: int) -> str:
+    """STANDIN_EVALS=BEFORE,AFTER,TOTAL: problems solved before training and at every eval after, out of TOTAL;
+    else 3 of 9 before, one more every 4 steps."""
     corr, total = min(9, 3 + step // 4), 9
+    if given := os.environ.get("STANDIN_EVALS"):
+        before, after, total = (int(n) for n in given.split(","))
+        corr = before if phase.startswith("Pre") else after
     return (
         f"{phase}: corr={corr}, total={total}, accuracy={corr / total * 100}%, "
         f"partial_accuracy={min(100.0, corr / total * 100 + 2)}%, "
@@ -31,6 +39,7 @@ def main() -> None:
     total = int(args.get("num_batches", "4"))
     period, keep = (int(args.get(key, value)) for key, value in DEFAULTS.items())
     eval_interval = int(args.get("eval_interval", "10"))
+    evaluates = int(args.get("num_test_batches", "5")) > 0  # rl.yml's 5; 0: train_rl evaluates nothing
     run_dir = f"{args['base_output_directory'].rstrip('/')}/{args['run_name']}"
     actor = f"{run_dir}/checkpoints/actor"
     steps = _standin.committed_steps(actor)
@@ -38,7 +47,8 @@ def main() -> None:
     if start > 1:
         # tunix 0.1.7's own line (tunix/sft/checkpoint_manager.py, maybe_restore), as train_rl logs it on resuming
         _standin.log(f"Restored params from step: {start - 1} in 0.012 seconds", where="checkpoint_manager.py:235")
-    _standin.log(eval_line("Pre RL Training", 0), "W", "train_rl.py:716")
+    if evaluates:
+        _standin.log(eval_line("Pre RL Training", 0), "W", "train_rl.py:716")
     _standin.log("Starting RL training...", "W", "train_rl.py:730")
     events = _standin.EventFile(f"{run_dir}/tensorboard/events.out.tfevents.{start}.standin")
     events.write(_standin.file_version_record())
@@ -60,10 +70,11 @@ def main() -> None:
                 _standin.write(f"{actor}/{step}/commit_success.txt", b"committed\n")
             for old in _standin.committed_steps(actor)[:-keep]:
                 _standin.rmtree(f"{actor}/{old}")
-        if eval_interval and step % eval_interval == 0:
+        if evaluates and eval_interval and step % eval_interval == 0:
             _standin.log(eval_line(f"Intermediate Eval (step={step})", step), "W", "hooks.py:98")
     _standin.log("RL Training Completed Successfully!", "W", "train_rl.py:741")
-    _standin.log(eval_line("Post RL Training", total), "W", "train_rl.py:754")
+    if evaluates:
+        _standin.log(eval_line("Post RL Training", total), "W", "train_rl.py:754")
 
 
 if __name__ == "__main__":
