@@ -188,9 +188,10 @@ def _marker_path(job: PlannedJob) -> str:
     return spec["metadata"]["annotations"][OUTPUTS_ANNOTATION].split()[0]
 
 
-def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
+def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> dict[str, str]:
     """Where the model is kept (a GCS copy's folder, named by the export, from its marker), or plainly
-    that it lives only in the VM's memory."""
+    that it lives only in the VM's memory; returns each copy's place (or why it was held back) by job."""
+    kept_at = {}
     kept = export_url(plan)
     if kept:  # the gke backend exports into the stack's bucket, SHA256SUMS beside it
         say(f"model kept at {kept} (verified: SHA256SUMS beside it)")
@@ -199,8 +200,10 @@ def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
         marker = read_marker(_marker_path(job))
         if marker.get("held"):
             held.append(f"not uploaded to {marker['repo']}: {marker['held']}")
+            kept_at[job.name] = f"held back: {marker['held']}"
             continue
-        say(f"model kept at {marker.get('url', job.target) if job.name == 'publish-gcs' else job.target} (verified)")
+        kept_at[job.name] = marker.get("url", job.target) if job.name == "publish-gcs" else job.target
+        say(f"model kept at {kept_at[job.name]} (verified)")
     for line in held:
         say(f"[bold yellow]{escape(line)}[/]")
         say(f"The model stays at {plan.export_folder()}. Publish it anyway: fab publish --run-name {plan.run_name}")
@@ -210,3 +213,4 @@ def report(plan: Plan, durable: list[PlannedJob], say, read_marker) -> None:
             "when the VM restarts or is deleted.\nKeep it: set results.hub_repo (Hugging Face Hub) or results.gcs "
             "in jobs/pipeline.yaml and run fab train again, or copy it here with fab download."
         )
+    return kept_at

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..paths import runs_dir
+from ..remote import evals
 
 CURRENT = "current"
 _UMASK = os.umask(0o22)  # read once, at import (setting it is process-wide), and put back at once
@@ -34,6 +35,9 @@ def current_run() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+FIELDS = ("name", "jobs", "evals", "results", "machine", "settings", "chips")
+
+
 @dataclass
 class RunRecord:
     name: str
@@ -41,6 +45,8 @@ class RunRecord:
     evals: list[dict] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # durable copies of the export
     machine: str = ""  # the VM (host and state folder) the run was last handed to (vm.machine.Vm.identity)
+    settings: list[str] = field(default_factory=list)  # the --arg overrides it was last run with
+    chips: int = 0  # the VM's TPU chips, billed while it runs
 
     @property
     def folder(self) -> Path:
@@ -63,7 +69,7 @@ class RunRecord:
         if not path.exists():
             return cls(name)
         data = json.loads(path.read_text())
-        return cls(**{key: data[key] for key in ("name", "jobs", "evals", "results", "machine") if key in data})
+        return cls(**{key: data[key] for key in FIELDS if key in data})
 
     def save(self) -> None:
         """Merged into what is on disk, under a lock: two fabs watching one pipeline save it at once, and
@@ -75,9 +81,9 @@ class RunRecord:
             self.jobs = {**disk.jobs, **self.jobs}
             self.results = {**disk.results, **self.results}
             self.evals = self.evals or disk.evals
-            self.machine = self.machine or disk.machine
-            data = {"name": self.name, "jobs": self.jobs, "evals": self.evals, "results": self.results}
-            data["machine"] = self.machine
+            self.machine, self.chips = self.machine or disk.machine, self.chips or disk.chips
+            self.settings = self.settings or disk.settings
+            data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             _replace(runs_dir() / CURRENT, self.name + "\n")
 
@@ -93,3 +99,33 @@ def _replace(path: Path, text: str) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def all_records() -> list[RunRecord]:
+    """Every run this machine has a record of, oldest first."""
+    names = sorted(p.parent.name for p in runs_dir().glob("*/record.json"))
+    return sorted((RunRecord.load(name) for name in names), key=lambda r: (_started(r) or 0, r.name))
+
+
+def _started(record: RunRecord) -> float | None:
+    return min((j["started"] for j in record.jobs.values() if j.get("started")), default=None)
+
+
+def overview(record: RunRecord) -> dict:
+    """One run for `fab runs`: when, how far, with what settings, what it scored, what it cost, where its model is."""
+    result = evals.outcome(record.evals) or {}
+    starts = [j["started"] for j in record.jobs.values() if j.get("started")]
+    ends = [j["finished"] for j in record.jobs.values() if j.get("finished")]
+    hours = (max(ends) - min(starts)) / 3600 if starts and ends else None
+    unfinished = [f"{name} {job['state']}" for name, job in record.jobs.items() if job.get("state") != "done"]
+    return {
+        "run": record.name,
+        "started": datetime.fromtimestamp(min(starts), UTC).strftime("%Y-%m-%d %H:%M") if starts else None,
+        "state": ", ".join(unfinished) or ("done" if record.jobs else "not started"),
+        "settings": record.settings,
+        "accuracy": [result["before"], result["after"]] if result else None,
+        "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
+        "mean_reward": result.get("mean_reward_after"),
+        "chip_hours": round(hours * record.chips, 2) if hours is not None and record.chips else None,
+        "kept": record.results or {},
+    }

@@ -39,7 +39,8 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
     if detach:
         return
     if only is None:
-        report(plan, durable, console.print, lambda path: session.vm.read_json(path))
+        session.record.results.update(report(plan, durable, console.print, session.vm.read_json))
+        session.record.save()
         console.print(
             f"run {plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
         )

@@ -7,9 +7,12 @@ import shlex
 from pathlib import Path
 
 from fabric import task
+from rich.table import Table
 
 from ..errors import UserError
+from ..paths import runs_dir
 from ..remote import attempts
+from ..results import runs
 from ..results.publish import hub_job, report
 from ..vm import pipeline
 from ..vm.machine import Vm
@@ -85,4 +88,38 @@ def publish(c, arg=None, run_name=None):
         console.print(f"publishing {plan.run_name} to {plan.spec.results.hub_repo} although it was held back ({held})")
         session.vm.check(f"rm -f {shlex.quote(marker)}", "forgetting that the upload was held back")
     pipeline.run(session, [job], "publish", False, prepare)
-    report(plan, [job], console.print, session.vm.read_json)
+    session.record.results.update(report(plan, [job], console.print, session.vm.read_json))
+    session.record.save()
+
+
+@task(name="runs", help={"json_": "print JSON (one object a run) instead of a table"})
+@reports_errors
+def list_runs(c, json_=False):
+    """This machine's runs side by side: settings, before -> after accuracy, chip-hours, where the model is."""
+    rows = [runs.overview(record) for record in runs.all_records()]
+    if json_:
+        print(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        console.print(f"no runs recorded in {runs_dir()} yet: fab train starts one")
+        return
+    table = Table(title=f"runs recorded in {runs_dir()}")
+    for column in ("run", "started", "state", "settings", "accuracy %", "format %", "reward", "chip-h", "model"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row["run"],
+            row["started"] or "-",
+            row["state"],
+            "\n".join(row["settings"]) or "(defaults)",
+            _pair(row["accuracy"], ".1f"),
+            _pair(row["format_accuracy"], ".0f"),
+            f"{row['mean_reward']:.3f}" if row["mean_reward"] is not None else "-",
+            f"{row['chip_hours']:.2f}" if row["chip_hours"] is not None else "-",
+            "\n".join(f"{where}" for where in row["kept"].values()) or "VM only",
+        )
+    console.print(table)
+
+
+def _pair(values: list[float] | None, form: str) -> str:
+    return f"{values[0]:{form}} -> {values[1]:{form}}" if values else "-"

@@ -182,6 +182,7 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         else:
             console.print(f"pipeline started on {vm.name}; it goes on without this laptop")
         session.record.machine = vm.identity  # a recreated VM of this identity carries the run on (tasks/common.py)
+        session.record.settings, session.record.chips = list(session.overrides), session.plan.spec.vm.chips
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
             stream.close()
