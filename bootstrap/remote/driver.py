@@ -636,7 +636,8 @@ def follow(layout: Layout, out=None) -> int:
     """Stream the pipeline's events, each started job's log lines interleaved, until the pipeline ends.
 
     A job's remaining lines come before its end event, so whoever reads sees its whole log
-    first. Ends after the `finished` event, with `driver-lost` when the driver died, or with
+    first. Ends after the `finished` event (sent from driver.json when the driver died between
+    saving the end and saying it), with `driver-lost` when the driver died mid-pipeline, or with
     `replaced` when another fab command started a new pass.
     """
     out = out or sys.stdout
@@ -681,10 +682,13 @@ def follow(layout: Layout, out=None) -> int:
                 busy |= bool(items)
                 send(items)
             out.flush()
-            if not busy and record and not record["alive"] and record["state"] == PipelineState.INTERRUPTED.value:
+            if not busy and record and not record["alive"]:
                 for job, log in logs.items():
                     send(log.items(job, final=True))
-                send([{"event": "driver-lost", "record": record}])
+                if record["state"] == PipelineState.INTERRUPTED.value:
+                    send([{"event": "driver-lost", "record": record}])
+                else:  # it saved the pipeline's end and died before it said so: the end is known
+                    send([{"event": "finished", "state": record["state"], "failed": record.get("failed", {})}])
                 out.flush()
                 return 0
             if not busy:

@@ -300,3 +300,21 @@ def test_a_plan_a_fab_command_starts_may_be_revived_again(tmp_path):
     jobrunner.write_json(os.path.join(layout.pipeline, driver.REVIVED), {"digest": "d1", "count": driver.REVIVALS})
     assert drive(tmp_path, plan(tmp_path, [("a", "true", [])]))[-1]["state"] == "done"
     assert not os.path.exists(os.path.join(layout.pipeline, driver.REVIVED))
+
+
+def test_a_driver_killed_between_saving_the_end_and_saying_it_ends_the_watch_with_that_end(tmp_path):
+    """Found by the fault campaign: driver.json said done, the `finished` event never came, and fab train
+    streamed forever. The end the driver saved is the pipeline's end."""
+    layout = Layout(str(tmp_path / "state"))
+    os.makedirs(layout.pipeline)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "start": "0", "state": "done", "digest": "d1", "run": "r1", "failed": {}}
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.DRIVER), record)
+    with open(os.path.join(layout.pipeline, driver.EVENTS), "w") as f:
+        f.write(json.dumps({"event": "pass", "run": "r1"}) + "\n")
+    out = _Collected()
+    watcher = threading.Thread(target=driver.follow, args=(layout, out), daemon=True)
+    watcher.start()
+    watcher.join(30)
+    assert not watcher.is_alive()
+    assert out.items[-1] == {"event": "finished", "state": "done", "failed": {}}
