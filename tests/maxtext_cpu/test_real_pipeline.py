@@ -22,6 +22,7 @@ from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.jobs.schedule import Schedule
 from bootstrap.paths import REPO
+from bootstrap.remote import evals
 from tests.loopback import Fab
 from tests.maxtext_cpu.conftest import HERE, VENV, overrides
 
@@ -110,6 +111,16 @@ def test_fab_showed_train_steps_and_the_real_eval_table(run: dict):
     assert "before training" in table and "step 2" in table and "after training" in table
     assert f"step {STEPS}" not in table  # the eval at the final step is the Post eval, not a second row
     assert "0/2" in table  # corr/total of the real evals (a random model answers nothing right)
+
+
+def test_the_run_ends_with_its_result_line_from_the_real_evals(cpu_fab: Fab, run: dict):
+    """The result line's numbers are the real train log's, and 2 problems are said to judge nothing."""
+    log = cpu_fab.job_dir(run["run"], "train") / "log"
+    result = evals.outcome(evals.from_log(str(log), STEPS))
+    assert result["problems"] == 2
+    line = f"result: {evals.result_line(result)}"
+    assert line.endswith(f"too few problems to tell this change from noise (+-{result['interval']:.1f} points)")
+    assert line in " ".join(run["train"].stdout.split())
 
 
 def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, metrics: list[dict]):
