@@ -201,16 +201,35 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def summarize(record, path: Path, losses: dict) -> dict:
+FLAT_SHARE = 0.5  # more steps than this with every completion scored alike: say there was little to learn from
+
+
+def flat_rewards(series: Series) -> str | None:
+    """A warning when most training steps had no reward spread: the highest reward of the step's completions
+    equal to the lowest. rl.yml trains one prompt a step (batch_size 1), so such a step's group gave GRPO no
+    advantage to learn from; with more prompts a step, it counts the steps where none of them did."""
+    highest, lowest = series.get("rewards/train/score/max", {}), series.get("rewards/train/score/min", {})
+    steps = sorted(set(highest) & set(lowest))
+    flat = [step for step in steps if highest[step] == lowest[step]]
+    if not steps or len(flat) <= FLAT_SHARE * len(steps):
+        return None
+    return (
+        f"every completion scored alike at {len(flat)} of {len(steps)} steps (reward spread zero): GRPO had no "
+        "learning signal there; more rl.num_generations or a reward with partial credit gives it one"
+    )
+
+
+def summarize(record, path: Path, losses: dict, series: Series | None = None) -> dict:
     """Per-job durations, evals, durable copies and what losses cost train: what to compare with the next run."""
     jobs = {name: {"state": info.get("state"), "minutes": minutes(info)} for name, info in record.jobs.items()}
     result = evals.outcome(record.evals)
+    flat = flat_rewards(series or {})
     summary = {
         "run": record.name,
         "jobs": jobs,
         "evals": record.evals,
         "result": {**result, "line": evals.result_line(result)} if result else None,
-        "warnings": evals.warnings(result) if result else [],
+        "warnings": [*(evals.warnings(result) if result else []), *([flat] if flat else [])],
         "results": record.results,
         "train_losses": losses,
     }

@@ -44,7 +44,7 @@ def fetch_metrics(c, arg=None, run_name=None):
     metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
     (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
     losses = metrics.loss_cost(metrics.attempts(events, starts))
-    metrics.summarize(record, folder / "summary.json", losses)
+    summary = metrics.summarize(record, folder / "summary.json", losses, series)
     steps = max((max(v) for v in series.values() if v), default=0)
     console.print(f"{len(series)} metrics over {steps} steps, {len(record.evals)} evals")
     if losses["attempts"] > 1:
@@ -54,6 +54,10 @@ def fetch_metrics(c, arg=None, run_name=None):
             f"cost at least {losses['steps_redone']} steps trained again ({losses['minutes_redone']:.1f} min) and "
             f"{losses['minutes_restarting']:.1f} min of starting again"
         )
+    if summary["result"]:
+        console.print(f"result: {summary['result']['line']}", markup=False, highlight=False)
+    for warning in summary["warnings"]:
+        console.print(f"warning: {warning}", markup=False, highlight=False)
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")
 

@@ -122,3 +122,17 @@ def test_the_publish_gate(tmp_path, rule, before, after, held):
 def test_no_evals_never_pass_an_improved_gate_silently():
     assert evals.held_back([], "improved").startswith("no GSM8K evals before and after training were logged")
     assert evals.held_back([], "always") is None
+
+
+def test_most_steps_without_reward_spread_are_said_and_a_healthy_run_is_quiet():
+    def series(spreads: list[float]) -> dict:
+        return {
+            "rewards/train/score/max": {step: 1.0 for step in range(1, len(spreads) + 1)},
+            "rewards/train/score/min": {step: 1.0 - s for step, s in enumerate(spreads, 1)},
+        }
+
+    assert metrics.flat_rewards(series([0, 0, 0.5, 0])) == (
+        "every completion scored alike at 3 of 4 steps (reward spread zero): GRPO had no learning signal there; "
+        "more rl.num_generations or a reward with partial credit gives it one"
+    )
+    assert metrics.flat_rewards(series([0.5, 0, 0.5, 0.25])) is None and metrics.flat_rewards({}) is None
