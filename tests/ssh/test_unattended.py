@@ -129,8 +129,8 @@ def test_autostop_shuts_the_vm_down_after_the_idle_time_and_a_fab_command_puts_i
     status = fab("status")
     assert "autostop: the VM shuts itself down after 12 s with no fab command" in status.stdout
     assert not shutdown.exists()
-    wait_for(shutdown.exists, timeout=120, what="the autostop command")
-    assert float(shutdown.read_text()) >= before_status + 12  # fab status started the wait again
+    said = wait_for(lambda: shutdown.exists() and shutdown.read_text().strip(), 120, "the autostop command")
+    assert float(said) >= before_status + 12  # fab status started the wait again (read once written whole)
     wait_for(lambda: "shutdown" in pipeline(fab), what="the driver to record the shutdown")
     assert "autostop: shut the VM down at" in fab("status").stdout
 
