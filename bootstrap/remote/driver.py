@@ -38,9 +38,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 try:
-    from . import jobrunner  # on the laptop: bootstrap.remote.driver
+    from . import faults, jobrunner  # on the laptop: bootstrap.remote.driver
 except ImportError:
-    import jobrunner  # on the VM: beside this script in the tools folder
+    import faults  # on the VM: beside this script in the tools folder
+    import jobrunner
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
 read_json, write_json = jobrunner.read_json, jobrunner.write_json
@@ -299,6 +300,7 @@ class Driver:
         self.record.update(changes, running=sorted(self.graph.running), failed=dict(self.graph.failed))
         if json.dumps(self.record) != before or not self.written:
             write_json(_path(self.layout, DRIVER), self.record)
+            faults.point("driver.saved")
             self.written = True
 
     def _state_of(self, job: dict) -> dict:
@@ -358,12 +360,14 @@ class Driver:
                     continue  # a fab command came just now
                 command = self.plan["autostop"]["command"]
                 self.emit({"event": "shutdown", "command": command})
+                faults.point("autostop.shutting-down")
                 try:
                     result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
                     code, error = result.returncode, result.stderr.strip()[-500:]
                 except OSError as err:
                     code, error = 127, f"{command[0]}: {err.strerror or err}"
                 self.save(shutdown={"exit_code": code, "at": time.time(), "error": error})
+                faults.point("autostop.recorded-shutdown")
                 if code == 0:
                     return
                 since = time.time()  # failed: try again after another idle time
@@ -419,9 +423,11 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
                 return BUSY, {"busy": current}
             _stop(current)
         write_json(_path(layout, PLAN), plan)
+        faults.point("driver.wrote-plan")
         events = _path(layout, EVENTS)
         if os.path.exists(events):
             os.replace(events, f"{events}.previous")
+            faults.point("driver.rotated-events")
         jobrunner.record_run(layout, plan["run"])
         return 0, {"started": _spawn(layout)}
 

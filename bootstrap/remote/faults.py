@@ -5,7 +5,9 @@ tests only.
 
 `point(NAME)` is inert unless the environment names it: TPU_RL_CRASH_AT=NAME kills the process at its
 first hit, NAME@N at its Nth (having written NAME to the file TPU_RL_CRASH_NOTE names, if any: a test
-then knows the kill happened). Off, it costs one comparison. A child process inherits the variable, so
+then knows the kill happened). With TPU_RL_CRASH_ONCE=1 as well, only the process that creates that note
+file kills itself: a fault campaign makes one kill in a whole process tree, whose children inherit the
+variables (a relaunched runner would otherwise die at the same point again). Off, it costs one comparison. A child process inherits the variable, so
 a point in the runner fires in the runner that the driver starts. POINTS lists every point, and
 tests/unit/test_crash_points.py fails on a durable write in a VM-side module with no point after it.
 
@@ -19,6 +21,7 @@ import signal
 
 ENV = "TPU_RL_CRASH_AT"
 NOTE_ENV = "TPU_RL_CRASH_NOTE"
+ONCE_ENV = "TPU_RL_CRASH_ONCE"
 POINTS = (
     # jobrunner.launch, a fresh attempt: the old verdict forgotten (exit code and process first), the
     # old log kept aside, the job's files and its spec written, a dead runner's record removed
@@ -47,6 +50,34 @@ POINTS = (
     "restore.wrote-result",
     # jobrunner.record_run: the run later fab commands continue
     "current-run.recorded",
+    # driver.start: the plan written, the last pass's events kept aside (the current run: record_run)
+    "driver.wrote-plan",
+    "driver.rotated-events",
+    # driver.Driver.save: driver.json (the pipeline's state), saved at each change
+    "driver.saved",
+    # driver.Driver.autostop: about to run the shutdown command, and its outcome recorded
+    "autostop.shutting-down",
+    "autostop.recorded-shutdown",
+    # gcs_upload.py: the objects copied (not yet verified), the marker written after the verification
+    "gcs-upload.copied",
+    "gcs-upload.wrote-marker",
+    # hub_upload.py: the card written, each file committed to the Hub, the marker after the verification
+    "hub-upload.wrote-card",
+    "hub-upload.uploaded",
+    "hub-upload.wrote-marker",
+    # attempts.record_start: a trainer's start recorded, in the bucket or on disk
+    "attempts.recorded-in-bucket",
+    "attempts.recorded-on-disk",
+    # manifest.write: the export's SHA256SUMS in place
+    "manifest.wrote",
+    # export_config.py: the base model's generation config copied, config.json's token ids aligned
+    "export-config.copied-generation-config",
+    "export-config.wrote-config",
+    # maxtext_check.py: the validator's marker (every job accepted)
+    "validate.wrote-marker",
+    # gcs.copy_down: a copied file in place, a file whose object is gone removed
+    "copy-down.copied",
+    "copy-down.removed",
 )
 _at, _, _nth = (os.environ.get(ENV) or "").partition("@")
 _hits: dict[str, int] = {}
@@ -59,6 +90,11 @@ def point(name: str) -> None:
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == int(_nth or 1):
         if note := os.environ.get(NOTE_ENV):
+            if os.environ.get(ONCE_ENV):
+                try:  # the first process to get here claims the one kill
+                    os.close(os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+                except FileExistsError:
+                    return
             with open(note, "a") as f:
                 f.write(f"{name}\n")
         os.kill(os.getpid(), signal.SIGKILL)
