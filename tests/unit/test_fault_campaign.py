@@ -168,7 +168,7 @@ def test_a_seeded_random_campaign_breaks_no_invariant(bucket, reference, tmp_pat
             broken.append(f"seed {number} (TPU_RL_CAMPAIGN_SEED={number}): {faults_made}: {found}")
     total = sum(len(r[1]) for r in results)
     print(f"{total} faults in {len(results)} episodes, {time.monotonic() - started:.0f} s")
-    assert broken == []
+    assert broken == [], "\n".join(broken)
     assert seeds or total >= FAULTS
 
 
