@@ -286,20 +286,24 @@ class Case:
             process = self.start(**extra)
             reached = lambda: milestone in self.milestones()[before:] or process.poll() is not None  # noqa: E731
             wait_until(reached, CALL_SECONDS, f"{self.name} to reach {milestone}")
-            cut = action()
+            cut = action(process)
         finally:
             hold.unlink()
         return self.finish(process, cut=cut)
 
     def reboot_at(self, milestone: str, lose_vm: bool = False, **extra: str) -> Call:
         """The VM restarted (or lost) with a job at `milestone`."""
-        return self.at(milestone, lambda: self.reboot(lose_vm) or True, **extra)
+        return self.at(milestone, lambda _: self.reboot(lose_vm) or True, **extra)
+
+    def laptop_gone_at(self, milestone: str, **extra: str) -> Call:
+        """`fab train` itself killed (the laptop closed, its SSH session dropped); the pipeline goes on."""
+        return self.at(milestone, lambda process: process.kill() or True, **extra)
 
     def kill_runner_at(self, milestone: str, **extra: str) -> Call:
         """The runner of the job at `milestone` SIGKILLed (its job runs on: the driver has a new runner adopt it)."""
         job = JOB_AT.get(milestone, "train")
 
-        def kill() -> bool:
+        def kill(_process) -> bool:
             record = jobrunner.read_json(os.path.join(self.jobs()[job]["job_dir"], jobrunner.RUNNER))
             if record and jobrunner.alive(record):
                 with contextlib.suppress(ProcessLookupError):

@@ -81,13 +81,23 @@ def reference(bucket, tmp_path_factory) -> dict[str, bytes]:
     return files
 
 
-def new_case(root, bucket, label: str, **extra) -> campaign.Case:
-    return campaign.Case(root, bucket, f"{label}-{uuid.uuid4().hex[:8]}", **extra)
+@pytest.fixture
+def cases(bucket):
+    """Cases made in a test, whose processes are all gone after it, however it ended."""
+    made: list[campaign.Case] = []
+
+    def new(root, label: str, **extra) -> campaign.Case:
+        made.append(campaign.Case(root, bucket, f"{label}-{uuid.uuid4().hex[:8]}", **extra))
+        return made[-1]
+
+    yield new
+    for case in made:
+        case.kill_all()
 
 
 @pytest.mark.parametrize(("point", "hit"), SWEPT, ids=lambda v: str(v))
-def test_a_kill_at_each_point_is_ridden_out(point, hit, bucket, reference, tmp_path):
-    case = new_case(tmp_path, bucket, "sweep")
+def test_a_kill_at_each_point_is_ridden_out(point, hit, cases, reference, tmp_path):
+    case = cases(tmp_path, "sweep")
     kill = case.kill_env(f"{point}@{hit}")
     prelude = prelude_of(point)
     if prelude == "lost":
@@ -112,10 +122,10 @@ def test_every_point_is_swept_or_said_why_not():
     assert {p for p, _ in SWEPT} | set(UNREACHED) == set(faults.POINTS)
 
 
-def episode(seed: int, root, bucket, reference) -> tuple[list[str], list[str]]:
+def episode(seed: int, root, cases, reference) -> tuple[list[str], list[str]]:
     """One pipeline and the faults drawn from `seed`; what was made, and what broke."""
     rng = random.Random(seed)
-    case = new_case(root / f"seed-{seed}", bucket, f"s{seed}")
+    case = cases(root / f"seed-{seed}", f"s{seed}")
     made, faulted = [], set()
     for _ in range(rng.randint(1, 3)):
         if rng.random() < 0.6:
@@ -125,7 +135,7 @@ def episode(seed: int, root, bucket, reference) -> tuple[list[str], list[str]]:
                 case.arm({"at": schedule})
             else:
                 case.arm({"rate": 0.03, "seed": seed, "kinds": list(kinds)})
-        kind = rng.choice(["kill", "kill", "kill", "reboot", "lost", "runner"])
+        kind = rng.choice(["kill", "kill", "kill", "reboot", "lost", "runner", "laptop"])
         milestone = rng.choice(campaign.MILESTONES)
         if kind == "kill":
             point = f"{rng.choice(KILLABLE)}@{rng.choice([1, 1, 2, 3])}"
@@ -135,47 +145,45 @@ def episode(seed: int, root, bucket, reference) -> tuple[list[str], list[str]]:
         elif kind in ("reboot", "lost"):
             case.reboot_at(milestone, lose_vm=kind == "lost")
             made.append(f"{'VM lost' if kind == 'lost' else 'reboot'} at {milestone}")
-        else:
+        elif kind == "runner":
             case.kill_runner_at(milestone)
             made.append(f"runner killed at {milestone}")
+        else:  # the next `fab train` attaches to the pipeline still running
+            case.laptop_gone_at(milestone)
+            made.append(f"fab train killed at {milestone}")
         faulted.add(len(case.calls) - 1)
         case.arm({})
-        case.wait_driver_gone()
+        if kind != "laptop":
+            case.wait_driver_gone()
     made += [f"storage {e['fault']} on {e['name']}" for e in case.journal() if "fault" in e]
     if not case.drive():
         return made, [f"not ended after 3 calls: {[call.err[-300:] for call in case.calls]}"]
     return made, campaign.violations(case, reference, faulted)
 
 
-def test_a_seeded_random_campaign_breaks_no_invariant(bucket, reference, tmp_path):
-    seeds = [int(SEED)] if SEED else None
-    started, made, broken = time.monotonic(), 0, []
+def test_a_seeded_random_campaign_breaks_no_invariant(cases, reference, tmp_path):
+    started, results = time.monotonic(), []  # (seed, faults made, violations)
     with ThreadPoolExecutor(WORKERS) as pool:
-        if seeds:
-            results = [(seeds[0], *pool.submit(episode, seeds[0], tmp_path, bucket, reference).result())]
-        else:
-            results, seed, running = [], 0, []
-            while made < FAULTS or running:
-                while made + 3 * len(running) < FAULTS and len(running) < WORKERS:
-                    seed += 1
-                    running.append((seed, pool.submit(episode, seed, tmp_path, bucket, reference)))
-                number, future = running.pop(0)
-                faults_made, found = future.result()
-                made += len(faults_made)
-                results.append((number, faults_made, found))
-    for number, faults_made, found in results:
-        if found:
-            broken.append(f"seed {number} (TPU_RL_CAMPAIGN_SEED={number}): {faults_made}: {found}")
-    total = sum(len(r[1]) for r in results)
+        if SEED:
+            results.append((int(SEED), *episode(int(SEED), tmp_path, cases, reference)))
+        seed, running = 0, []
+        while not SEED and (sum(len(r[1]) for r in results) < FAULTS or running):
+            while len(running) < WORKERS and sum(len(r[1]) for r in results) + 2 * len(running) < FAULTS:
+                seed += 1
+                running.append((seed, pool.submit(episode, seed, tmp_path, cases, reference)))
+            number, future = running.pop(0)
+            results.append((number, *future.result()))
+    total = sum(len(made) for _, made, _ in results)
     print(f"{total} faults in {len(results)} episodes, {time.monotonic() - started:.0f} s")
+    broken = [f"seed {n} (TPU_RL_CAMPAIGN_SEED={n}): {made}: {found}" for n, made, found in results if found]
     assert broken == [], "\n".join(broken)
-    assert seeds or total >= FAULTS
+    assert SEED or total >= FAULTS
 
 
-def test_a_broken_trainer_is_caught(bucket, reference, tmp_path):
+def test_a_broken_trainer_is_caught(cases, reference, tmp_path):
     """The checks can fail: a trainer that ignores its committed steps and starts again from the converted
     model rewrites committed steps after a reboot, which (3) finds."""
-    case = new_case(tmp_path, bucket, "broken", broken="restart")
+    case = cases(tmp_path, "broken", broken="restart")
     case.reboot_at("committed-2")
     assert case.drive()
     found = campaign.violations(case, reference, {0})
