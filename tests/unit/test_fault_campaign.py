@@ -15,10 +15,11 @@ driver's `start --follow`) must end it, and seven invariants hold (campaign.viol
 
 The sweep kills the process that reaches each point (driver, runner or tool) at its first hit, after a
 prelude where the point needs one (a reboot, a lost VM, a runner killed mid-job); the campaign draws
-faults from a seed: kills at any reachable point and hit, a reboot or a lost VM or a killed runner while a
-job is held at a milestone, and 503s, 429s, dropped connections (before the request, or after it was
-done) and answers slower than the client's timeout, at a chosen request or at random. TPU_RL_CAMPAIGN_SEED=N
-runs one episode again; TPU_RL_CAMPAIGN_FAULTS=N runs until N faults were made (200 by default).
+faults from a seed: kills at any reachable point and hit, a reboot, a lost VM, a killed runner or a
+killed `fab train` (the next one attaches) while a job is held at a milestone, and 503s, 429s, dropped
+connections (before the request, or after it was done) and answers slower than the client's timeout, at
+a chosen request or at random. TPU_RL_CAMPAIGN_SEED=N runs one episode again; TPU_RL_CAMPAIGN_FAULTS=N
+runs until N faults were made (200 by default).
 """
 
 from __future__ import annotations
