@@ -174,6 +174,8 @@ def test_a_seeded_random_campaign_breaks_no_invariant(cases, reference, tmp_path
                 running.append((seed, pool.submit(episode, seed, tmp_path, cases, reference)))
             number, future = running.pop(0)
             results.append((number, *future.result()))
+            if results[-1][2]:  # said at once: a long campaign shows what it found as it goes
+                print(f"seed {number}: {results[-1][1]}: {results[-1][2]}", flush=True)
     total = sum(len(made) for _, made, _ in results)
     print(f"{total} faults in {len(results)} episodes, {time.monotonic() - started:.0f} s")
     broken = [f"seed {n} (TPU_RL_CAMPAIGN_SEED={n}): {made}: {found}" for n, made, found in results if found]
