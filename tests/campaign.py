@@ -179,13 +179,16 @@ class Case:
     def kill_env(self, point: str) -> dict[str, str]:
         """The environment that makes the process reaching `point` (driver, runner or tool) die there, once
         in the whole process tree (each kill its own note)."""
-        note = self.root / f"killed-{len(list(self.root.glob('killed-*')))}-{len(self.calls)}"
+        note = self.root / f"killed-{len(self.notes())}-{len(self.calls)}"
         return {faults.ENV: point, faults.NOTE_ENV: str(note), faults.ONCE_ENV: "1"}
 
     def killed(self) -> list[str]:
         """The points that killed a process, in the order their faults were made."""
-        notes = sorted(self.root.glob("killed-*"), key=lambda p: os.path.getmtime(p))
+        notes = sorted(self.notes(), key=lambda p: os.path.getmtime(p))
         return [point for note in notes for point in note.read_text().split()]
+
+    def notes(self) -> list[Path]:
+        return [note for note in self.root.glob("killed-*") if note.suffix != ".hits"]
 
     def install(self) -> None:
         """The tools in the VM's bin, as fab copies them before a command."""

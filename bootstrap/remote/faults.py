@@ -5,9 +5,10 @@ tests only.
 
 `point(NAME)` is inert unless the environment names it: TPU_RL_CRASH_AT=NAME kills the process at its
 first hit, NAME@N at its Nth (having written NAME to the file TPU_RL_CRASH_NOTE names, if any: a test
-then knows the kill happened). With TPU_RL_CRASH_ONCE=1 as well, only the process that creates that note
-file kills itself: a fault campaign makes one kill in a whole process tree, whose children inherit the
-variables (a relaunched runner would otherwise die at the same point again). Off, it costs one comparison. A child process inherits the variable, so
+then knows the kill happened). With TPU_RL_CRASH_ONCE=1 as well, the hits are counted across the whole
+process tree (in NOTE.hits) and only the process that creates the note kills itself: a fault campaign
+makes one kill per tree, whose children inherit the variables (a relaunched runner would otherwise die at
+the same point again), and NAME@3 is the third runner's hit, not every runner's third. Off, it costs one comparison. A child process inherits the variable, so
 a point in the runner fires in the runner that the driver starts. POINTS lists every point, and
 tests/unit/test_crash_points.py fails on a durable write in a VM-side module with no point after it.
 
@@ -87,10 +88,11 @@ def point(name: str) -> None:
     """Kill this process here if the environment names this point (and this hit)."""
     if not _at or name != _at:
         return
-    _hits[name] = _hits.get(name, 0) + 1
+    note, once = os.environ.get(NOTE_ENV), os.environ.get(ONCE_ENV)
+    _hits[name] = _shared_hit(note) if note and once else _hits.get(name, 0) + 1
     if _hits[name] == int(_nth or 1):
-        if note := os.environ.get(NOTE_ENV):
-            if os.environ.get(ONCE_ENV):
+        if note:
+            if once:
                 try:  # the first process to get here claims the one kill
                     os.close(os.open(note, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
                 except FileExistsError:
@@ -98,3 +100,13 @@ def point(name: str) -> None:
             with open(note, "a") as f:
                 f.write(f"{name}\n")
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _shared_hit(note: str) -> int:
+    """This hit's number in the whole process tree: one byte appended per hit, the file's size after ours."""
+    fd = os.open(f"{note}.hits", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.write(fd, b"x")
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    finally:
+        os.close(fd)

@@ -51,7 +51,17 @@ PRELUDES = {  # what must happen before a point is reached at all
     "rebooted": ("launch.forgot-", "launch.kept-old-log", "driver.rotated-events"),  # export done, not copied
     "adopting": ("launch.removed-dead-runner",),  # a runner died with its job running
 }
-LATER_HITS = [("driver.saved", 5), ("launch.wrote-spec", 4), ("run.started-process", 2), ("run.step-ended", 2)]
+LATER_HITS = [  # hits counted across the pipeline's processes: the 2nd runner is train's, the 4th the copy's
+    ("driver.saved", 5),
+    ("launch.wrote-spec", 4),
+    ("run.started-process", 2),
+    ("run.process-going", 5),
+    ("run.step-ended", 4),
+    ("run.wrote-done", 3),
+    ("run.recorded-in-bucket", 2),
+    ("run.wrote-result", 4),
+    ("restore.wrote-done", 2),
+]
 SWEPT = [(p, 1) for p in faults.POINTS if p not in UNREACHED] + LATER_HITS
 KILLABLE = [p for p in faults.POINTS if p not in UNREACHED]
 FAULTS = int(os.environ.get("TPU_RL_CAMPAIGN_FAULTS", "200"))
