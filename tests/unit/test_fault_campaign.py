@@ -149,7 +149,7 @@ def episode(seed: int, root, cases, reference) -> tuple[list[str], list[str]]:
         kind = rng.choice(["kill", "kill", "kill", "reboot", "lost", "runner", "laptop"])
         milestone = rng.choice(campaign.MILESTONES)
         if kind == "kill":
-            point = f"{rng.choice(KILLABLE)}@{rng.choice([1, 1, 2, 3])}"
+            point = f"{rng.choice(KILLABLE)}@{rng.choice([1, 1, 2, 3, 4, 5])}"
             before = len(case.killed())
             case.call(**case.kill_env(point))
             made += [f"kill at {point}"] if len(case.killed()) > before else []
