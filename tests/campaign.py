@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -284,7 +285,8 @@ class Case:
         """`fab train` started, and `action` done while a job is held at `milestone` (or once the call ended,
         if the pipeline was past it); the call then runs on, or was cut with the VM."""
         hold, before = self.ledger / f"hold-{milestone}", len(self.milestones())
-        hold.touch()
+        hold.with_suffix(".new").write_text(uuid.uuid4().hex)  # each hold its own (campaign_jobs.milestone),
+        os.replace(hold.with_suffix(".new"), hold)  # whole when a job reads it
         try:
             process = self.start(**extra)
             reached = lambda: milestone in self.milestones()[before:] or process.poll() is not None  # noqa: E731

@@ -37,10 +37,21 @@ STARTS, VIOLATIONS, EVENTS, SHUTDOWNS = "starts.jsonl", "violations", "events.js
 
 
 def milestone(ledger: str, event: str, attempt: int) -> None:
-    """Noted in the ledger; then held while the test's `hold-EVENT` file is there (a fault lands here)."""
+    """Noted in the ledger; then held while the test's `hold-EVENT` file is there (a fault lands here), the
+    same hold as on arrival: one made again for the next fault never holds a job that got here before."""
     append(ledger, EVENTS, {"event": event, "attempt": attempt})
-    while os.path.exists(os.path.join(ledger, f"hold-{event}")):
+    hold = os.path.join(ledger, f"hold-{event}")
+    arrived = _read(hold)
+    while arrived is not None and _read(hold) == arrived:
         time.sleep(0.01)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def append(ledger: str, name: str, entry: dict) -> None:
