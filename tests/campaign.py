@@ -45,6 +45,7 @@ CASE_ENV = "TPU_RL_CAMPAIGN_CASE"
 RUN = "r1"
 STEPS = 3
 CALL_SECONDS = 180  # one `fab train` on a busy machine; a clean one takes a few seconds
+HANG_SECONDS = 15  # a follow still running this long after its driver ended will never end
 WAIT_SECONDS = 90
 AUTOSTOP_SECONDS = 0.3
 MILESTONES = ("converted", *(f"committed-{s}" for s in range(1, STEPS + 1)), "exported", "copying")
@@ -72,6 +73,7 @@ class Call:
     out: str
     err: str
     cut: bool = False
+    hung: bool = False  # still streaming long after its driver ended
 
 
 @dataclass
@@ -212,12 +214,23 @@ class Case:
             )  # fmt: skip
 
     def finish(self, process: subprocess.Popen, cut: bool = False) -> Call:
-        try:
-            out, err = process.communicate(timeout=CALL_SECONDS)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            raise
-        call = Call(process.returncode, out, err, cut)
+        """The call's end; one still streaming HANG_SECONDS after its driver ended (no `finished` will come)
+        is stopped and marked hung."""
+        deadline, gone_since, hung = time.monotonic() + CALL_SECONDS, None, False
+        while True:
+            try:
+                out, err = process.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                record = self.driver_record()
+                gone = bool(record) and not jobrunner.alive(record) and record.get("state") != "running"
+                gone_since = (gone_since or time.monotonic()) if gone else None
+                if time.monotonic() > deadline or (gone_since and time.monotonic() - gone_since > HANG_SECONDS):
+                    process.kill()
+                    out, err = process.communicate()
+                    hung = True
+                    break
+        call = Call(process.returncode, out, err, cut, hung)
         self.calls.append(call)
         return call
 
@@ -467,13 +480,18 @@ def _calls(case: Case, faulted: set[int]) -> list[str]:
     """(6) each `fab train` exits 0, or says why in one line; never a traceback."""
     found = []
     for number, call in enumerate(case.calls):
-        if "Traceback" in call.err or "Traceback" in call.out:
+        if call.hung:
+            found.append(f"(6) {HUNG}: call {number}")
+        elif "Traceback" in call.err or "Traceback" in call.out:
             found.append(f"(6) call {number} printed a traceback: {call.err[-1500:]}")
         elif call.code == -signal.SIGKILL and (number in faulted or call.cut):
             continue
         elif call.code != 0 and len(call.err.strip().splitlines()) != 1:
             found.append(f"(6) call {number} exited {call.code} with {call.err[-500:]!r}")
     return found
+
+
+HUNG = "fab train never ended: its driver was gone without `finished`"
 
 
 def _reruns(case: Case, jobs: dict[str, dict], journal: list[dict]) -> list[str]:
