@@ -10,6 +10,12 @@ request it guards one step, as the service's preconditions are atomic (a resumab
 when it begins, not again when it ends). Objects keep one generation (no versioning): a request for
 another generation is 404, as for a deleted one. Bodies sent in chunks (no Content-Length) are not
 read: no client here sends them.
+
+For the fault campaign (tests/unit/test_fault_campaign.py) it also fails requests on purpose and keeps a
+journal, each per prefix of object names (so that cases side by side do not mix): `POST /_faults` with
+{"prefix", "at": {N: kind}, "rate", "seed", "kinds"} fails the Nth request below the prefix (counted from
+1), or each with probability `rate` (seeded), with a kind of FAULTS; `GET /_journal?prefix=` answers every
+write and delete the emulator made below it (time, name, generation, md5), in order, and the faults made.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import random
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +36,49 @@ from pathlib import Path
 
 OBJECT_PATHS = ("/storage/v1/b/", "/download/storage/v1/b/", "/upload/storage/v1/b/")
 GENERATION_HEADERS = {"generation": "x-goog-generation", "metageneration": "x-goog-metageneration"}
+# What a request may meet: the service busy (503), a rate limit (429), the connection dropped before the
+# request reached the service or after it was done (its answer lost), an answer slower than the client waits.
+FAULTS = ("503", "429", "drop", "drop-after", "slow")
+SLOW_SECONDS = 2.0  # longer than the clients' timeout in the campaign (TPU_RL_GCS_TIMEOUT_SECONDS)
+
+
+class _Campaign:
+    """The faults to make and the journal to keep, per prefix of object names."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.plans: dict[str, dict] = {}  # prefix -> its plan, its request count and its random source
+        self.journal: dict[str, list[dict]] = {}
+
+    def arm(self, plan: dict) -> None:
+        with self.lock:
+            state = {**plan, "count": 0, "random": random.Random(plan.get("seed", 0))}
+            self.plans[plan["prefix"]] = state
+            self.journal.setdefault(plan["prefix"], [])
+
+    def fault(self, name: str) -> str | None:
+        """The fault this request meets, if any (counted below each armed prefix that holds `name`)."""
+        with self.lock:
+            for prefix, plan in self.plans.items():
+                if name.startswith(prefix):
+                    plan["count"] += 1
+                    kind = (plan.get("at") or {}).get(str(plan["count"]))
+                    if kind is None and plan.get("rate") and plan["random"].random() < plan["rate"]:
+                        kind = plan["random"].choice(plan.get("kinds") or FAULTS)
+                    if kind:
+                        self.journal[prefix].append({"t": time.time(), "fault": kind, "name": name})
+                        return kind
+        return None
+
+    def note(self, entry: dict) -> None:
+        with self.lock:
+            for prefix, entries in self.journal.items():
+                if entry["name"].startswith(prefix):
+                    entries.append(entry)
+
+    def read(self, prefix: str) -> list[dict]:
+        with self.lock:
+            return list(self.journal.get(prefix, []))
 
 
 class _Locks:
@@ -45,6 +96,7 @@ class _Layer(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     upstream: tuple[str, int]
     locks: _Locks
+    campaign: _Campaign
 
     def log_message(self, *args) -> None:  # the emulator's own log is enough
         pass
@@ -63,7 +115,17 @@ class _Layer(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
+        if url.path in ("/_faults", "/_journal"):
+            return self._control(url.path, query, body)
         bucket, name = _object_of(url.path, query, body, self.headers.get("Content-Type", ""))
+        fault = self.campaign.fault(name or query.get("prefix", "")) if name or "prefix" in query else None
+        if fault in ("503", "429"):
+            return self._reply(int(fault), {}, b'{"error": {"message": "injected"}}')
+        if fault in ("drop", "slow"):
+            if fault == "slow":
+                time.sleep(SLOW_SECONDS)
+            self.close_connection = True
+            return None
         with self.locks.hold(f"{bucket}/{name}") if name else contextlib.nullcontext():
             current = self._metadata(bucket, name) if name else None
             refused = _precondition_failed(self.command, query, current)
@@ -72,6 +134,11 @@ class _Layer(BaseHTTPRequestHandler):
             if current and query.get("generation", current["generation"]) != current["generation"]:
                 return self._reply(404, {}, b"")  # a generation that is no more (no versioning here)
             status, headers, data = self._forward(self.path, body)
+            if self.command in ("POST", "PUT", "DELETE") and name and 200 <= status < 300:
+                self._journal(name, data)
+        if fault == "drop-after":  # done, and its answer lost
+            self.close_connection = True
+            return None
         if self.command == "GET" and url.path.endswith("/o") and status == 200:
             data = _listing_within(data, query.get("startOffset", ""), query.get("endOffset"))
         if self.command == "GET" and current and status in (200, 206):
@@ -79,6 +146,21 @@ class _Layer(BaseHTTPRequestHandler):
             headers["x-goog-stored-content-length"] = current["size"]
             headers["x-goog-stored-content-encoding"] = "identity"
         self._reply(status, headers, data)
+
+    def _control(self, path: str, query: dict, body: bytes) -> None:
+        if path == "/_faults":
+            self.campaign.arm(json.loads(body))
+            return self._reply(200, {}, b"{}")
+        return self._reply(200, {}, json.dumps(self.campaign.read(query.get("prefix", ""))).encode())
+
+    def _journal(self, name: str, answer: bytes) -> None:
+        """A write (the object as the emulator stored it) or a delete, in the journal."""
+        entry = {"t": time.time(), "name": name, "op": "delete" if self.command == "DELETE" else "write"}
+        if self.command != "DELETE":
+            with contextlib.suppress(ValueError):
+                stored = json.loads(answer)
+                entry.update(generation=stored.get("generation"), md5=stored.get("md5Hash"))
+        self.campaign.note(entry)
 
     def _metadata(self, bucket: str, name: str) -> dict | None:
         status, _, data = self._forward(f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}", b"", "GET")
@@ -165,7 +247,11 @@ def _listing_within(data: bytes, start: str, end: str | None) -> bytes:
 def serve(emulator_url: str) -> None:
     """Run the layer until killed; its URL is the first line it prints."""
     upstream = urllib.parse.urlsplit(emulator_url)
-    handler = type("Layer", (_Layer,), {"upstream": (upstream.hostname, upstream.port), "locks": _Locks()})
+    handler = type(
+        "Layer",
+        (_Layer,),
+        {"upstream": (upstream.hostname, upstream.port), "locks": _Locks(), "campaign": _Campaign()},
+    )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)

@@ -21,9 +21,10 @@ import sys
 import time
 
 try:
-    from . import gcs, jobrunner  # on the laptop: bootstrap.remote
+    from . import faults, gcs, jobrunner  # on the laptop: bootstrap.remote
 except ImportError:
-    import gcs  # on the VM and in a pod: beside this script in the tools folder
+    import faults  # on the VM and in a pod: beside this script in the tools folder
+    import gcs
     import jobrunner
 
 DIR_ENV = "TPU_RL_ATTEMPTS_DIR"  # where the records go (the job's YAML sets it)
@@ -47,9 +48,11 @@ def record_start(environ: dict[str, str]) -> str | None:
         path = f"{folder}/{time.time_ns()}-{host}.json"  # unique, and in the order of the starts
         if gcs.is_gcs(path):
             gcs.write(path, json.dumps(record).encode())
+            faults.point("attempts.recorded-in-bucket")
         else:
             os.makedirs(os.path.expanduser(folder), exist_ok=True)
             jobrunner.write_json(os.path.expanduser(path), record)
+            faults.point("attempts.recorded-on-disk")
         return path
     except Exception as err:  # noqa: BLE001 - a storage error of any kind must not stop the training
         print(f"[tpu-rl] could not record this start in {folder}: {err}", file=sys.stderr)

@@ -322,6 +322,7 @@ class Driver:
         self.record.update(changes, running=sorted(self.graph.running), failed=dict(self.graph.failed))
         if json.dumps(self.record) != before or not self.written:
             write_json(_path(self.layout, DRIVER), self.record)
+            faults.point("driver.saved")
             self.written = True
 
     def _state_of(self, job: dict) -> dict:
@@ -400,12 +401,14 @@ class Driver:
                     continue
                 command = self.plan["autostop"]["command"]
                 self.emit({"event": "shutdown", "command": command})
+                faults.point("autostop.shutting-down")
                 try:
                     result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
                     code, error = result.returncode, result.stderr.strip()[-500:]
                 except OSError as err:
                     code, error = 127, f"{command[0]}: {err.strerror or err}"
                 self.save(shutdown={"exit_code": code, "at": time.time(), "error": error})
+                faults.point("autostop.recorded-shutdown")
                 if code == 0:
                     return
                 since = time.time()  # failed: try again after another idle time
@@ -487,12 +490,14 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         if current and current["alive"]:
             _stop(current)
         write_json(_path(layout, PLAN), plan)
+        faults.point("driver.wrote-plan")
         if os.path.exists(_path(layout, REVIVED)):  # a plan a fab command starts may be revived again
             os.remove(_path(layout, REVIVED))
             faults.point("start.forgot-revivals")
         events = _path(layout, EVENTS)
         if os.path.exists(events):
             os.replace(events, f"{events}.previous")
+            faults.point("driver.rotated-events")
         jobrunner.record_run(layout, plan["run"])
         if (plan.get("autostop") or {}).get("idle_seconds"):
             keep_reviving(layout)  # the VM shuts down even if this driver dies (OOM, reboot) with no fab to come

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 
+import faults  # beside this script in the VM's tools folder
 from huggingface_hub import hf_hub_download
 
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> int:
     with open(hf_hub_download(repo, "config.json")) as f:
         base = json.load(f)
     shutil.copyfile(hf_hub_download(repo, "generation_config.json"), os.path.join(folder, "generation_config.json"))
+    faults.point("export-config.copied-generation-config")
     print(f"[tpu-rl] generation_config.json from {repo}", flush=True)
     path = os.path.join(folder, "config.json")
     with open(path) as f:
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> int:
     with open(path + ".tmp", "w") as f:
         json.dump(config, f, indent=2)
     os.replace(path + ".tmp", path)
+    faults.point("export-config.wrote-config")
     return 0
 
 

@@ -19,13 +19,16 @@ import urllib.request
 from collections.abc import Callable, Iterator
 
 try:
-    from . import retry  # on the laptop: bootstrap.remote.retry
+    from . import faults, retry  # on the laptop: bootstrap.remote
 except ImportError:
-    import retry  # on the VM and in a pod: beside this script in the tools folder
+    import faults  # on the VM and in a pod: beside this script in the tools folder
+    import retry
 
 SCHEME = "gs://"
 TOKEN_PATH = "/computeMetadata/v1/instance/service-accounts/default/token"
-TIMEOUT_SECONDS = 60
+# How long one request may take. Tests only: the fault campaign sets TPU_RL_GCS_TIMEOUT_SECONDS to a
+# second, so that an answer slower than the timeout costs a second, not a minute.
+TIMEOUT_SECONDS = float(os.environ.get("TPU_RL_GCS_TIMEOUT_SECONDS", "60"))
 QUICK_SECONDS = 30  # how long `quick` calls ride out what may pass: within fab's own command timeout
 _patience = [retry.RETRY_SECONDS]  # this process's, for the calls to come
 REFRESH_SECONDS = 300  # a token this close to its end is fetched again (a runner lives as long as its job)
@@ -154,11 +157,13 @@ def copy_down(url: str, folder: str) -> int:
         with open(f"{target}.part", "wb") as f:
             f.write(data)
         os.replace(f"{target}.part", target)
+        faults.point("copy-down.copied")
         copied += 1
     for root, _, files in os.walk(folder):
         for file in files:
             if os.path.join(root, file) not in kept:
                 os.remove(os.path.join(root, file))
+                faults.point("copy-down.removed")
     return copied
 
 

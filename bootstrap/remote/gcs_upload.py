@@ -23,7 +23,8 @@ import os
 import subprocess
 import sys
 
-import manifest  # beside this script in the VM's tools folder
+import faults  # beside this script in the VM's tools folder
+import manifest
 
 ENV = {"CLOUDSDK_STORAGE_PARALLEL_COMPOSITE_UPLOAD_ENABLED": "False"}
 
@@ -88,6 +89,7 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"[tpu-rl] copying {args.folder} to {url}", flush=True)
     subprocess.run(copy, check=True, env={**os.environ, **ENV})
+    faults.point("gcs-upload.copied")
     remote = remote_md5(listing, url)
     wrong = [name for name in names if remote.get(name) != ours[name]]
     if wrong:
@@ -96,6 +98,7 @@ def main(argv: list[str]) -> int:
     total = sum(os.path.getsize(os.path.join(args.folder, name)) for name in names)
     with open(args.marker, "w") as f:
         json.dump({"url": url, "files": len(names), "bytes": total}, f)
+    faults.point("gcs-upload.wrote-marker")
     print(f"[tpu-rl] verified {len(names)} files at {url} (MD5 reported by Cloud Storage)", flush=True)
     return 0
 

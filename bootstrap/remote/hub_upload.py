@@ -24,6 +24,7 @@ import os
 import sys
 
 import evals  # beside this script in the VM's tools folder, as manifest
+import faults
 import manifest
 from huggingface_hub import HfApi
 from huggingface_hub.hf_api import RepoFile
@@ -69,6 +70,7 @@ def write_card(template: str, results: list[dict]) -> str:
     card = os.path.join(os.path.dirname(template), CARD_NAME)
     with open(card, "w") as f:
         f.write(text)
+    faults.point("hub-upload.wrote-card")
     return card
 
 
@@ -79,6 +81,7 @@ def hold(marker: str, repo: str, why: str) -> None:
     with open(f"{marker}.tmp", "w") as f:
         json.dump({"repo": repo, "held": why}, f)
     os.replace(f"{marker}.tmp", marker)
+    faults.point("hub-upload.held")
 
 
 def main(argv: list[str]) -> int:
@@ -125,6 +128,7 @@ def main(argv: list[str]) -> int:
         api.upload_file(
             path_or_fileobj=wanted[path][0], path_in_repo=path, repo_id=args.repo_id, commit_message=f"Upload {path}"
         )
+        faults.point("hub-upload.uploaded")
         print(f"[tpu-rl] uploaded {number}/{len(todo)} {path} ({sizes[path] / 2**20:.1f} MiB)", flush=True)
     present = remote_files(api, args.repo_id)
     wrong = [p for p, (source, digest) in wanted.items() if not matches(present.get(p), digest, source)]
@@ -135,6 +139,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(os.path.dirname(args.marker) or ".", exist_ok=True)  # on gke a folder in the bucket, new
     with open(args.marker, "w") as f:
         json.dump({"repo": args.repo_id, "url": str(url), "files": len(wanted), "bytes": total}, f)
+    faults.point("hub-upload.wrote-marker")
     print(f"[tpu-rl] verified {len(wanted)} files ({total / 2**30:.2f} GiB, SHA-256) at {url}", flush=True)
     return 0
 

@@ -15,6 +15,11 @@ import hashlib
 import os
 import sys
 
+try:
+    from . import faults  # on the laptop: bootstrap.remote.manifest
+except ImportError:
+    import faults  # on the VM: beside this script in the tools folder
+
 NAME = "SHA256SUMS"
 CHUNK = 4 << 20
 
@@ -84,6 +89,7 @@ def write(folder: str) -> dict[str, str]:
     with open(temporary, "w") as f:
         f.write(render(digests))
     os.replace(temporary, os.path.join(folder, NAME))
+    faults.point("manifest.wrote")
     return digests
 
 

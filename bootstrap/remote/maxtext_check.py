@@ -18,6 +18,11 @@ import sys
 import tempfile
 import time
 
+try:
+    from . import faults  # on the laptop: bootstrap.remote.maxtext_check
+except ImportError:
+    import faults  # on the VM: beside this script in the tools folder
+
 ERROR_MARK = "MAXTEXT CONFIG ERROR:"
 
 
@@ -98,6 +103,7 @@ def main(argv: list[str]) -> int:
     if marker:
         with open(marker, "w") as f:
             f.write(f"{len(jobs)} jobs accepted\n")
+        faults.point("validate.wrote-marker")
     return 0
 
 

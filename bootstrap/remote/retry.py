@@ -11,6 +11,7 @@ Standard library only: it runs on the VM and in a gke pod.
 from __future__ import annotations
 
 import http.client
+import os
 import ssl
 import time
 import urllib.error
@@ -19,6 +20,9 @@ from typing import TypeVar
 
 RETRY_SECONDS = 900
 MAX_BACKOFF_SECONDS = 30
+# The first wait, doubled at each try. Tests only: the fault campaign (tests/unit/test_fault_campaign.py)
+# sets TPU_RL_RETRY_BACKOFF_SECONDS to a few milliseconds, so that hundreds of injected 503s take seconds.
+BACKOFF_SECONDS = float(os.environ.get("TPU_RL_RETRY_BACKOFF_SECONDS", "1"))
 T = TypeVar("T")
 
 
@@ -37,8 +41,8 @@ def may_pass(err: BaseException) -> bool:
 def retrying(
     call: Callable[[], T], transient: Callable[[BaseException], bool] = may_pass, seconds: float = RETRY_SECONDS
 ) -> T:
-    """`call()`, tried again with backoff (1 s doubling up to MAX_BACKOFF_SECONDS) for `seconds` while what
-    fails is `transient`; then, or for anything else, its error."""
+    """`call()`, tried again with backoff (BACKOFF_SECONDS doubling up to MAX_BACKOFF_SECONDS) for `seconds`
+    while what fails is `transient`; then, or for anything else, its error."""
     deadline, attempt = time.monotonic() + seconds, 0
     while True:
         try:
@@ -46,5 +50,5 @@ def retrying(
         except Exception as err:  # noqa: BLE001 - `transient` decides, the rest is raised
             if not transient(err) or time.monotonic() > deadline:
                 raise
-        time.sleep(min(2**attempt, MAX_BACKOFF_SECONDS))
+        time.sleep(min(BACKOFF_SECONDS * 2**attempt, MAX_BACKOFF_SECONDS))
         attempt += 1

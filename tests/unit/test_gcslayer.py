@@ -63,3 +63,32 @@ def test_a_listing_keeps_to_its_offsets(bucket, gcs_emulator):
     query = urllib.parse.urlencode({"prefix": f"{folder}/", "startOffset": f"{folder}/b", "endOffset": f"{folder}/d"})
     with urllib.request.urlopen(f"{gcs_emulator}/storage/v1/b/{bucket.name}/o?{query}") as answer:
         assert [item["name"] for item in json.loads(answer.read())["items"]] == [f"{folder}/b", f"{folder}/c"]
+
+
+def test_faults_come_at_the_chosen_request_below_their_prefix_and_writes_are_journaled(gcs_emulator):
+    """The fault campaign's control (tests/campaign.py): the 2nd request below a prefix answers 503, the 3rd
+    has its connection dropped after the write was done; other prefixes are left alone; the journal has
+    each write that was done, with its generation and MD5."""
+    prefix = f"{uuid.uuid4().hex}/"
+    plan = {"prefix": prefix, "at": {"2": "503", "3": "drop-after"}}
+    urllib.request.urlopen(urllib.request.Request(f"{gcs_emulator}/_faults", data=json.dumps(plan).encode()))
+    url = f"{gcs_emulator}/upload/storage/v1/b/{gcsemulator.BUCKET}/o?uploadType=media&name="
+
+    def write(name: str) -> int | str:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + name, data=b"x", method="POST")) as answer:
+                return answer.status
+        except urllib.error.HTTPError as err:
+            return err.code
+        except OSError as err:
+            return type(err).__name__
+
+    assert [write(f"{prefix}a"), write(f"{prefix}b"), write(f"{prefix}c"), write(f"{uuid.uuid4().hex}/d")] == [
+        200, 503, "RemoteDisconnected", 200
+    ]  # fmt: skip
+    with urllib.request.urlopen(f"{gcs_emulator}/_journal?prefix={prefix}") as answer:
+        journal = json.load(answer)
+    assert [(e["name"], e.get("op") or e["fault"]) for e in journal] == [
+        (f"{prefix}a", "write"), (f"{prefix}b", "503"), (f"{prefix}c", "drop-after"), (f"{prefix}c", "write")
+    ]  # fmt: skip
+    assert all(e["md5"] and e["generation"] for e in journal if "op" in e)
