@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from bootstrap.remote import driver, jobrunner
+from bootstrap.remote import driver, faults, jobrunner
 from bootstrap.remote.jobrunner import Layout
 from tests.loopback import wait_for
 
@@ -318,3 +318,28 @@ def test_a_driver_killed_between_saving_the_end_and_saying_it_ends_the_watch_wit
     watcher.join(30)
     assert not watcher.is_alive()
     assert out.items[-1] == {"event": "finished", "state": "done", "failed": {}}
+
+
+def _crashing(point: str) -> dict:
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("TPU_RL_CRASH")}, faults.ENV: point}
+
+
+def test_a_kill_at_the_revival_count_or_its_reset_leaves_a_pipeline_the_next_look_finishes(tmp_path):
+    """The revival's points: killed after the count was written, the next crontab look revives the driver
+    (one count more); killed after a fab start forgot the count, the next start runs the plan to done."""
+    layout = Layout(str(tmp_path / "state"))
+    the_plan = plan(tmp_path, [("a", "true", [])])
+    os.makedirs(layout.pipeline)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record = {"pid": int(dead.stdout), "start": "0", "state": "running", "digest": "d1", "run": "r"}
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.DRIVER), record)
+    jobrunner.write_json(os.path.join(layout.pipeline, driver.PLAN), the_plan)
+    revive = [sys.executable, driver.__file__, "revive", layout.root]
+    assert subprocess.run(revive, env=_crashing("revive.counted"), capture_output=True).returncode == -signal.SIGKILL
+    assert json.loads(subprocess.run(revive, capture_output=True, text=True, check=True).stdout)["revived"]
+    wait_for(lambda: _record(layout).get("state") == "done", 60, "the revived pass to end")
+    assert driver.read_json(os.path.join(layout.pipeline, driver.REVIVED))["count"] == 2
+    start = [sys.executable, driver.__file__, "start", layout.root, "--follow"]
+    killed = subprocess.run(start, input=json.dumps(the_plan), env=_crashing("start.forgot-revivals"), text=True)
+    assert killed.returncode == -signal.SIGKILL
+    assert drive(tmp_path, the_plan)[-1]["state"] == "done"

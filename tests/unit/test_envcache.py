@@ -11,6 +11,9 @@ import io
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tarfile
 import urllib.parse
 import urllib.request
@@ -22,7 +25,7 @@ import pytest
 from bootstrap.jobs import load, show
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import envcache, gcs
+from bootstrap.remote import envcache, faults, gcs
 from tests import gcsemulator
 
 
@@ -237,3 +240,37 @@ def test_an_entry_with_a_part_gone_is_kept_again_by_the_next_build(machine):
     assert envcache.store("abc123", venv, machine["cache"]).startswith("environment kept in")
     wipe(machine)
     assert envcache.restore("abc123", venv, machine["cache"]).startswith("environment restored from")
+
+
+def run_tool(*args: str, crash_at: str = "") -> subprocess.CompletedProcess:
+    """envcache.py as the setup job runs it, killed at `crash_at` (a crash point, NAME@N) if given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TPU_RL_CRASH")}
+    env |= {faults.ENV: crash_at} if crash_at else {}
+    return subprocess.run([sys.executable, envcache.__file__, *args], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("command", "point"),
+    [
+        ("store", "envcache.stored"),
+        ("restore", "envcache.removed-old"),
+        ("restore", "envcache.moved-into-place@1"),  # uv's Python in place, the venv not yet
+        ("restore", "envcache.moved-into-place@2"),
+        ("restore", "envcache.linked-python"),
+    ],
+)
+def test_a_kill_at_each_of_its_points_loses_nothing_and_the_next_setup_restores_the_same_tree(machine, command, point):
+    venv, installation, link = machine["venv"], machine["installation"], machine["link"]
+    built = tree(venv, installation, link)
+    args = ("abc123", str(venv), machine["cache"])
+    if command == "restore":
+        assert run_tool("store", *args).returncode == 0
+        wipe(machine)
+        venv.mkdir()
+        (venv / "half-built").write_text("a build that was cut off")  # what removed-old removes
+    assert run_tool(command, *args, crash_at=point).returncode == -signal.SIGKILL
+    if command == "store":
+        wipe(machine)
+    again = run_tool("restore", *args)
+    assert again.returncode == 0, again.stdout
+    assert tree(venv, installation, link) == built

@@ -45,6 +45,13 @@ UNREACHED = {  # points this pipeline never reaches, and why (each is in the AST
     "validate.wrote-marker": "MaxText's validator (maxtext_check.py) needs MaxText",
     "copy-down.copied": "fab metrics' copy of the events, not a pipeline job",
     "copy-down.removed": "fab metrics' copy of the events, not a pipeline job",
+    "hub-upload.held": "no Hub copy in this plan",
+    "revive.counted": "the crontab's revival of a dead driver: swept in tests/unit/test_driver_process.py",
+    "start.forgot-revivals": "a revival count to forget: swept in tests/unit/test_driver_process.py",
+    "envcache.stored": "the setup job's environment in the bucket: swept in tests/unit/test_envcache.py",
+    "envcache.removed-old": "swept in tests/unit/test_envcache.py",
+    "envcache.moved-into-place": "swept in tests/unit/test_envcache.py",
+    "envcache.linked-python": "swept in tests/unit/test_envcache.py",
 }
 PRELUDES = {  # what must happen before a point is reached at all
     "lost": ("restore.",),  # a new VM takes convert and train as done from their records in the bucket
