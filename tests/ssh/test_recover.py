@@ -183,19 +183,18 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     assert [int(row.split(",")[0]) for row in rows] == list(range(1, 7))
 
 
+def in_a_bucket(gcs_emulator: str, monkeypatch, seconds: int) -> tuple[str, tuple[str, ...]]:
+    """A 6-step run whose model and checkpoints are in a folder of the bucket of its own, `seconds` a step."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
+    durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
+    settings = (f"vars.durable_dir={durable}", "vars.num_batches=6", f"train.env.STANDIN_SECONDS={seconds}")
+    return durable, tuple(word for setting in settings for word in ("--arg", setting))
+
+
 def test_a_host_given_with_h_recreated_mid_train_carries_on_with_this_machines_run(fab, gcs_emulator, monkeypatch):
     """Finding 11: a -H host lost mid-train and recreated by its user. The plain `fab train` started a new run
     from step 0 beside the bucket's committed checkpoints; the run this machine knows now carries on there."""
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
-    durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
-    args = (
-        "--arg",
-        f"vars.durable_dir={durable}",
-        "--arg",
-        "vars.num_batches=6",
-        "--arg",
-        "train.env.STANDIN_SECONDS=2",
-    )
+    durable, args = in_a_bucket(gcs_emulator, monkeypatch, seconds=2)
     actor = f"{durable}/post-train/r1/checkpoints/actor"
     started = fab("train", "--run-name", "r1", *args, "--detach", timeout=600)
     assert started.returncode == 0, started.stderr
@@ -223,16 +222,7 @@ def test_a_host_given_with_h_recreated_mid_train_carries_on_with_this_machines_r
 def test_another_vm_never_carries_on_with_a_run_this_machine_handed_to_a_first_one(fab, gcs_emulator, monkeypatch):
     """Review: the laptop's current run belongs to the VM it was handed to. A second VM (another host or state
     folder: here another state folder), with no run of its own, starts a new run beside the first VM's live one."""
-    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
-    durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
-    args = (
-        "--arg",
-        f"vars.durable_dir={durable}",
-        "--arg",
-        "vars.num_batches=6",
-        "--arg",
-        "train.env.STANDIN_SECONDS=3",
-    )
+    durable, args = in_a_bucket(gcs_emulator, monkeypatch, seconds=3)
     assert fab("train", "--run-name", "r1", *args, "--detach", timeout=600).returncode == 0
     actor = f"{durable}/post-train/r1/checkpoints/actor"
     wait_for(lambda: jobrunner.finished_steps(actor), timeout=300, what="the first VM training r1")
