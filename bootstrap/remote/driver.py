@@ -538,9 +538,7 @@ def revive(layout: Layout, boot: bool = False) -> dict | None:
         if boot:
             touch_seen(layout)
         current = info(layout)
-        if not current or current["alive"]:
-            return current
-        if current["state"] == PipelineState.INTERRUPTED.value:
+        if current and not current["alive"] and current["state"] == PipelineState.INTERRUPTED.value:
             counted = read_json(_path(layout, REVIVED)) or {}
             count = counted.get("count", 0) if counted.get("digest") == current["digest"] else 0
             if count >= REVIVALS:
