@@ -1,13 +1,14 @@
-"""Write bootstrap/jobs/maxtext_schema.json from the real maxtext package.
+"""Write bootstrap/jobs/maxtext/<version>.json from the real maxtext package of that version.
 
-The local job check (bootstrap/jobcheck.py) validates MaxText keys without
+The local job check (bootstrap/jobs/check.py) validates MaxText keys without
 importing MaxText (which needs JAX and Python 3.12). It reads the facts it
-needs from this data file, and this script is the only thing that writes it.
+needs from these data files, one per supported MaxText version, and this
+script is the only thing that writes them.
 
-Run it with the Python of the MaxText config venv (scripts/maxtext_config_env.py):
+Run it with the Python of that version's config venv (scripts/maxtext_config_env.py):
 
-    PY=$(python scripts/maxtext_config_env.py)
-    $PY scripts/generate_maxtext_schema.py            # rewrite the file
+    PY=$(python scripts/maxtext_config_env.py 0.2.5)
+    $PY scripts/generate_maxtext_schema.py            # write bootstrap/jobs/maxtext/0.2.5.json
     $PY scripts/generate_maxtext_schema.py --check    # exit 1 if it differs
 """
 
@@ -26,7 +27,11 @@ from pathlib import Path
 
 import yaml
 
-OUTPUT = Path(__file__).resolve().parent.parent / "bootstrap" / "jobs" / "maxtext_schema.json"
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from bootstrap.remote.maxtext_check import config_class_name  # noqa: E402  the VM's validator picks it the same way
+
+FACTS_DIR = REPO / "bootstrap" / "jobs" / "maxtext"
 FLAG_PATTERNS = (
     re.compile(r"add_argument\(\s*\"--([\w-]+)\""),
     re.compile(r"flags\.DEFINE_\w+\(\s*\"(\w+)\""),
@@ -55,9 +60,33 @@ def fields_of(model: type) -> dict:
     return {name: describe(field.annotation) for name, field in sorted(model.model_fields.items())}
 
 
-def module_flags(module: str) -> list[str]:
-    spec = importlib.util.find_spec(module)
-    source = Path(spec.origin).read_text(encoding="utf-8")
+def nested_models(model: type) -> dict[str, type]:
+    """The groups of `model` (rl, debug, ...): fields whose type is itself a pydantic model."""
+    from pydantic import BaseModel
+
+    return {
+        name: field.annotation
+        for name, field in sorted(model.model_fields.items())
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    }
+
+
+def config_facts(model: type) -> dict:
+    """The keys a config class accepts, its groups' keys, and whether a flat key also sets the group key
+    of the same name (0.2.4's RLConfig routes `num_generations` into `rl.num_generations`; 0.2.3 ignores it)."""
+    nested = nested_models(model)
+    return {
+        "fields": {name: desc for name, desc in fields_of(model).items() if name not in nested},
+        "nested": {name: fields_of(group) for name, group in nested.items()},
+        "routes_flat_keys": hasattr(model, "map_flat_fields_to_nested_models"),
+    }
+
+
+def module_source(module: str) -> str:
+    return Path(importlib.util.find_spec(module).origin).read_text(encoding="utf-8")
+
+
+def module_flags(source: str) -> list[str]:
     return sorted({m for pattern in FLAG_PATTERNS for m in pattern.findall(source)})
 
 
@@ -84,58 +113,69 @@ DEFAULT_KEYS = (
 )
 
 
-def config_defaults(configs_dir: Path, config_names: set[str]) -> dict[str, dict]:
-    """DEFAULT_KEYS of each config file, loaded the way pyconfig loads it (its base_config chain merged)."""
+def class_default(model: type, key: str):
+    """The default a config class gives `key` (rl.num_iterations: its group's), or None."""
+    from pydantic_core import PydanticUndefined
+
+    head, _, tail = key.partition(".")
+    field = model.model_fields.get(head)
+    if field is not None and tail:
+        field = nested_models(model).get(head, type("NoGroup", (), {"model_fields": {}})).model_fields.get(tail)
+    if field is None or field.default is PydanticUndefined:
+        return None
+    return field.default.value if isinstance(field.default, enum.Enum) else field.default
+
+
+def module_defaults(configs_dir: Path, config_file: str, model: type) -> dict:
+    """DEFAULT_KEYS as a module starts with them: its config file, loaded the way pyconfig loads it (its
+    base_config chain merged), over its config class's defaults (0.2.4's rl.yml no longer names base.yml)."""
     from maxtext.configs import pyconfig
     from omegaconf import OmegaConf
 
-    defaults = {}
-    for name in sorted(config_names):
-        loaded = OmegaConf.to_container(pyconfig._load_config(str(configs_dir / name)))
-        values = {}
-        for key in DEFAULT_KEYS:
-            head, _, tail = key.partition(".")
-            value = loaded.get(head)
-            value = value.get(tail) if tail and isinstance(value, dict) else value
-            if value is not None:
-                values[key] = value
-        defaults[name] = values
-    return defaults
+    loaded = OmegaConf.to_container(pyconfig._load_config(str(configs_dir / config_file)))
+    values = {}
+    for key in DEFAULT_KEYS:
+        head, _, tail = key.partition(".")
+        value = loaded.get(head)
+        value = value.get(tail) if tail and isinstance(value, dict) else value
+        value = class_default(model, key) if value is None else value
+        if value is not None:
+            values[key] = value
+    return values
 
 
 def build() -> dict:
     from maxtext.configs import pyconfig
-    from maxtext.configs.types import MaxTextConfig
+    from maxtext.configs import types as config_types
     from maxtext.utils.globals import HF_IDS
-    from pydantic import BaseModel
 
-    top = MaxTextConfig.model_fields
-    nested = {
-        name: fields_of(field.annotation)
-        for name, field in sorted(top.items())
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-    }
-    modules = {
-        module: {"config": config, "flags": module_flags(module)}
-        for module, config in sorted(pyconfig._CONFIG_FILE_MAPPING.items())
-    }
+    configs_dir = Path(pyconfig.MAXTEXT_CONFIGS_DIR)
+    modules, classes, defaults = {}, {}, {}
+    for module, config_file in sorted(pyconfig._CONFIG_FILE_MAPPING.items()):
+        source = module_source(module)
+        class_name = config_class_name(source)
+        model = getattr(config_types, class_name)
+        modules[module] = {"config": config_file, "class": class_name, "flags": module_flags(source)}
+        classes.setdefault(class_name, config_facts(model))
+        defaults[module] = module_defaults(configs_dir, config_file, model)
     return {
         "maxtext_version": importlib.metadata.version("maxtext"),
         "modules": modules,
-        "fields": {name: desc for name, desc in fields_of(MaxTextConfig).items() if name not in nested},
-        "nested": nested,
-        "model_keys": model_keys(Path(pyconfig.MAXTEXT_CONFIGS_DIR)),
+        "classes": classes,
+        "model_keys": model_keys(configs_dir),
         "hf_ids": dict(sorted(HF_IDS.items())),  # model_name -> the Hugging Face repo it converts from
-        "defaults": config_defaults(Path(pyconfig.MAXTEXT_CONFIGS_DIR), {m["config"] for m in modules.values()}),
+        "defaults": defaults,
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare instead of writing")
-    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--output", type=Path, help="default: bootstrap/jobs/maxtext/<the installed version>.json")
     args = parser.parse_args()
-    text = json.dumps(build(), indent=1, sort_keys=True) + "\n"
+    facts = build()
+    args.output = args.output or FACTS_DIR / f"{facts['maxtext_version']}.json"
+    text = json.dumps(facts, indent=1, sort_keys=True) + "\n"
     if args.check:
         same = args.output.exists() and args.output.read_text(encoding="utf-8") == text
         print(f"{args.output}: {'up to date' if same else 'DIFFERS from the maxtext package'}")

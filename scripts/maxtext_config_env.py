@@ -1,24 +1,24 @@
-"""Build (once) a Python 3.12 venv where MaxText 0.2.3's config validator runs on CPU.
+"""Build (once) a Python 3.12 venv where one MaxText version's config validator runs on CPU.
 
-    python scripts/maxtext_config_env.py     # prints the venv's python
+    python scripts/maxtext_config_env.py [VERSION]    # prints the venv's python; VERSION defaults to 0.2.3
 
 Used by `fab check --python ...`, by scripts/generate_maxtext_schema.py and by the
-tests. `import maxtext` pulls in JAX and more, so the venv holds maxtext 0.2.3
-without its extras plus exactly what its config modules import (pinned to the
-versions this was verified with). Cached in ~/.cache/tpu-rl (TPU_RL_MAXTEXT_VENV).
+tests. `import maxtext` pulls in JAX and more, so the venv holds maxtext without
+its extras plus exactly what its config modules import (pinned to the versions
+this was verified with, the same for every supported version). Cached in
+~/.cache/tpu-rl/maxtext-VERSION-config.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-PACKAGES = [
-    "maxtext==0.2.3",
+DEFAULT_VERSION = "0.2.3"
+CONFIG_IMPORTS = [
     "jax==0.12.0.1",
     "jaxlib==0.12.0.1",
     "flax==0.12.12",
@@ -37,7 +37,7 @@ PACKAGES = [
     "sentencepiece==0.2.3",
     "sympy==1.14.0",
 ]
-VENV = Path(os.environ.get("TPU_RL_MAXTEXT_VENV") or Path.home() / ".cache" / "tpu-rl" / "maxtext-0.2.3-config")
+CACHE = Path.home() / ".cache" / "tpu-rl"
 
 
 def python312() -> str:
@@ -56,19 +56,21 @@ def uv() -> str:
     return shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
 
 
-def ensure() -> Path:
-    """The venv's python, built if missing or if PACKAGES changed."""
-    stamp = VENV / "tpu-rl-packages.sha256"
-    digest = hashlib.sha256("\n".join(PACKAGES).encode()).hexdigest()
-    python = VENV / "bin" / "python"
+def ensure(version: str = DEFAULT_VERSION) -> Path:
+    """The venv's python for maxtext `version`, built if missing or if its packages changed."""
+    venv = CACHE / f"maxtext-{version}-config"
+    packages = [f"maxtext=={version}", *CONFIG_IMPORTS]
+    stamp = venv / "tpu-rl-packages.sha256"
+    digest = hashlib.sha256("\n".join(packages).encode()).hexdigest()
+    python = venv / "bin" / "python"
     if python.exists() and stamp.exists() and stamp.read_text() == digest:
         return python
-    print(f"building the MaxText config venv in {VENV} (once; uv caches the downloads)", file=sys.stderr)
-    subprocess.run([uv(), "venv", "--clear", "--quiet", "--python", python312(), str(VENV)], check=True)
-    subprocess.run([uv(), "pip", "install", "--quiet", "--python", str(python), *PACKAGES], check=True)
+    print(f"building the MaxText {version} config venv in {venv} (once; uv caches the downloads)", file=sys.stderr)
+    subprocess.run([uv(), "venv", "--clear", "--quiet", "--python", python312(), str(venv)], check=True)
+    subprocess.run([uv(), "pip", "install", "--quiet", "--python", str(python), *packages], check=True)
     stamp.write_text(digest)
     return python
 
 
 if __name__ == "__main__":
-    print(ensure())
+    print(ensure(*sys.argv[1:2]))

@@ -1,10 +1,11 @@
 """Check MaxText keys on the laptop, in milliseconds, without MaxText installed.
 
-The facts come from bootstrap/jobs/maxtext_schema.json, generated from the real
-maxtext package by scripts/generate_maxtext_schema.py. This catches what MaxText
-would reject after minutes of setup, and the traps it would silently accept:
-RL keys at the top level, unknown keys under rl./debug., and an RL learning-rate
-schedule that cannot train the run (schedule.py).
+The facts come from bootstrap/jobs/maxtext/<version>.json (schema.py), generated from
+the real maxtext package of the version the environment installs. This catches what
+MaxText would reject after minutes of setup, and the traps it would silently accept:
+RL keys at the top level (0.2.3), unknown keys under rl./debug., a key that changed
+meaning between versions, and an RL learning-rate schedule that cannot train the run
+(schedule.py). A key another supported version has is named as such, with its new name.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from .. import secrets
 from ..errors import Problem
 from . import schedule
 from .load import DEFERRED, Pipeline
-from .schema import schema
+from .schema import MaxText, load, supported
 
 TOKEN_ARG = (
     "the token is never passed as an argument (`ps` on the VM, spec.json and fab plan would show it); fab gives "
@@ -24,6 +25,17 @@ TOKEN_ARG = (
 )
 BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
 BOOL_WORDS_TRUE = {"true", "1", "yes"}
+# Keys renamed between supported versions: the old spelling -> (the version that renamed it, the new one).
+RENAMED = {"hf_name": ("0.2.4", "hf_subset"), "debug.rl": ("0.2.4", "debug")}
+# Keys the RL trainer still accepts after that version but reads no more for what they meant: silently ignored.
+MEANING_CHANGED = {
+    "hf_name": ("0.2.4", "train_rl reads the dataset's subset from hf_subset; hf_name is accepted and ignored"),
+    "chat_template_path": (
+        "0.2.4",
+        "train_rl reads the prompt template (gsm8k_rl.json) from data_template_path; chat_template_path only fills "
+        "a tokenizer that has no chat template of its own (Llama 3.1's has one)",
+    ),
+}
 
 
 def _suggest(word: str, choices) -> str:
@@ -51,66 +63,81 @@ def _type_error(value: str, desc: dict) -> str | None:
     return None
 
 
-def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict[str, str], origin) -> list[Problem]:
+def _elsewhere(maxtext: MaxText, module: str, key: str) -> str:
+    """Where a key this version lacks lives: its new name here, or the supported versions that have it."""
+    renamed = RENAMED.get(key)
+    if renamed and maxtext.release >= load(renamed[0]).release:
+        return f"; MaxText {renamed[0]} renamed it {renamed[1]}"
+    old = next((old for old, (_, new) in RENAMED.items() if new == key), None)
+    if old and maxtext.release < load(RENAMED[old][0]).release:
+        return f"; MaxText {maxtext.version} calls it {old}"
+    head, dot, tail = key.partition(".")
+    having = [
+        version
+        for version in supported()
+        if version != maxtext.version
+        and module in load(version).modules
+        and (
+            tail in load(version).config(module)["nested"].get(head, {})
+            if dot
+            else key in load(version).config(module)["fields"]
+        )
+    ]
+    return f"; it is a key of MaxText {', '.join(having)}, not of {maxtext.version}" if having else ""
+
+
+def _key_problem(maxtext: MaxText, module: str, key: str, value: str) -> str | None:
+    """Why MaxText `maxtext` would refuse, or silently ignore, `key=value` for `module`; None if it takes it."""
+    config, version = maxtext.config(module), maxtext.version
+    fields, nested = config["fields"], config["nested"]
+    head, dot, tail = key.partition(".")
+    if key == "hf_access_token":
+        return TOKEN_ARG
+    if dot:
+        if head not in nested:
+            groups = ", ".join(nested) or "none"
+            return f"{head!r} has no nested keys in MaxText {version}; nested groups are {groups}{_elsewhere(maxtext, module, key)}"
+        if tail not in nested[head]:
+            return (
+                f"unknown key under {head}. (MaxText would silently ignore it){_suggest(tail, nested[head])}"
+                f"{_elsewhere(maxtext, module, key)}; valid: {', '.join(nested[head])}"
+            )
+        return _type_error(value, nested[head][tail])
+    changed = MEANING_CHANGED.get(key)
+    if changed and module == schedule.RL_TRAINER and maxtext.release >= load(changed[0]).release:
+        return f"from MaxText {changed[0]} on, {changed[1]}"
+    if key in nested.get("rl", {}) and not config["routes_flat_keys"]:
+        return f"RL setting at the top level has no effect on RL training; write it as rl.{key}"
+    if key in nested:
+        return f"a group, not a value; set its keys as {key}.NAME ({', '.join(nested[key])})"
+    if key not in fields:
+        return f"not a MaxText {version} config key{_suggest(key, fields)}{_elsewhere(maxtext, module, key)}"
+    return _type_error(value, fields[key])
+
+
+def check_job_args(maxtext: MaxText, module: str, args: dict[str, str], flags: dict[str, str], origin) -> list[Problem]:
     """Problems with one job's MaxText args and flags; `origin(section, key)` says where each came from."""
-    facts = schema()
-    problems = []
-    version = facts["maxtext_version"]
-    if module not in facts["modules"]:
+    if module not in maxtext.modules:
         return [
             origin("module").problem(
-                "module", f"{module!r} is not a MaxText {version} entry point{_suggest(module, facts['modules'])}"
+                "module",
+                f"{module!r} is not a MaxText {maxtext.version} entry point{_suggest(module, maxtext.modules)}",
             )
         ]
-    fields, nested = facts["fields"], facts["nested"]
-    rl_keys = set(nested.get("rl", {}))
-    for key, value in args.items():
-        where = origin("args", key)
-        head, dot, tail = key.partition(".")
-        if key == "hf_access_token":
-            problems.append(where.problem(f"args.{key}", TOKEN_ARG))
-            continue
-        if dot:
-            if head not in nested:
-                problems.append(
-                    where.problem(
-                        f"args.{key}",
-                        f"{head!r} has no nested keys in MaxText {version}; nested groups are {', '.join(nested)}",
-                    )
-                )
-            elif tail not in nested[head]:
-                problems.append(
-                    where.problem(
-                        f"args.{key}",
-                        f"unknown key under {head}. (MaxText would silently ignore it){_suggest(tail, nested[head])}; valid: {', '.join(nested[head])}",
-                    )
-                )
-            elif error := _type_error(value, nested[head][tail]):
-                problems.append(where.problem(f"args.{key}", error))
-            continue
-        if key in rl_keys:
-            problems.append(
-                where.problem(
-                    f"args.{key}", f"RL setting at the top level has no effect on RL training; write it as rl.{key}"
-                )
-            )
-        elif key in nested:
-            problems.append(
-                where.problem(
-                    f"args.{key}", f"a group, not a value; set its keys as {key}.NAME ({', '.join(nested[key])})"
-                )
-            )
-        elif key not in fields:
-            problems.append(where.problem(f"args.{key}", f"not a MaxText {version} config key{_suggest(key, fields)}"))
-        elif error := _type_error(value, fields[key]):
-            problems.append(where.problem(f"args.{key}", error))
-    problems += _check_model_keys(args, origin)
+    problems = [
+        origin("args", key).problem(f"args.{key}", why)
+        for key, value in args.items()
+        if (why := _key_problem(maxtext, module, key, value))
+    ]
+    problems += _check_model_keys(maxtext, args, origin)
     if not problems:  # the run's length and learning rates, once every value is a number MaxText takes
-        problems += [origin("args", key).problem(f"args.{key}", why) for key, why in schedule.problems(module, args)]
-    allowed = facts["modules"][module]["flags"]
+        problems += [
+            origin("args", key).problem(f"args.{key}", why) for key, why in schedule.problems(maxtext, module, args)
+        ]
+    allowed = maxtext.modules[module]["flags"]
     for flag in flags:
         if flag not in allowed:
-            owners = [m for m, info in facts["modules"].items() if flag in info["flags"]]
+            owners = [m for m, info in maxtext.modules.items() if flag in info["flags"]]
             hint = (
                 f"it belongs to {', '.join(owners)}"
                 if owners
@@ -122,10 +149,10 @@ def check_job_args(job_name: str, module: str, args: dict[str, str], flags: dict
     return problems
 
 
-def _check_model_keys(args: dict[str, str], origin) -> list[Problem]:
+def _check_model_keys(maxtext: MaxText, args: dict[str, str], origin) -> list[Problem]:
     """MaxText refuses a different value for a key the model's own yml sets, unless override_model_config."""
     model = args.get("model_name", "default").replace("-Instruct", "")
-    owned = schema()["model_keys"].get(model, {})
+    owned = maxtext.model_keys(model)
     if args.get("override_model_config", "false").lower() in ("true", "1"):
         return []
     return [
@@ -151,14 +178,10 @@ def _same_value(text: str, expected) -> bool:
     return text == str(expected)
 
 
-def base_model(model_name: str) -> str | None:
-    """The Hugging Face repository MaxText converts `model_name` from."""
-    return schema()["hf_ids"].get(model_name)
-
-
 def base_model_of(pipeline: Pipeline) -> str | None:
+    """The Hugging Face repository MaxText converts the pipeline's model from."""
     names = [job.spec.args["model_name"] for job in pipeline.jobs.values() if "model_name" in job.spec.args]
-    return base_model(names[0]) if names else None
+    return pipeline.maxtext.hf_id(names[0]) if names else None
 
 
 def _check_hf_model(pipeline: Pipeline) -> list[Problem]:
@@ -205,9 +228,9 @@ def check_secret_values(pipeline: Pipeline, values: dict[str, str]) -> list[Prob
 
 def check_pipeline(pipeline: Pipeline) -> list[Problem]:
     problems = _check_hf_model(pipeline)
-    for name, job in pipeline.jobs.items():
+    for job in pipeline.jobs.values():
         if job.spec.module:
-            problems += check_job_args(name, job.spec.module, job.spec.args, job.spec.flags, job.origin)
+            problems += check_job_args(pipeline.maxtext, job.spec.module, job.spec.args, job.spec.flags, job.origin)
         problems += [
             job.origin("secrets").problem(
                 "secrets", f"unknown secret {secret!r}; fab can provide {', '.join(secrets.KNOWN)}"

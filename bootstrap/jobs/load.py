@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from ..errors import Problem, UserError
 from ..remote.jobrunner import Layout
-from . import schedule, yamlfile
+from . import schedule, schema, yamlfile
 from .spec import JOB_NAME, JobSpec, PipelineSpec
 
 PIPELINE_FILE = "pipeline.yaml"
@@ -79,6 +79,7 @@ class Pipeline:
     doc: Loaded
     jobs: dict[str, Job]  # in run order
     values: dict[str, str] = field(default_factory=dict)  # the shared vars, resolved
+    maxtext: schema.MaxText = field(default_factory=schema.load)  # the version environment.packages installs
 
 
 @dataclass
@@ -287,13 +288,23 @@ def resolve(files: JobFiles, overrides: list[str] = (), provided: dict[str, str]
             jobs[name] = Job(name, job_spec, doc)
     if spec is None:
         raise UserError(problems)
+    maxtext = _maxtext(spec, pipeline_doc, problems)
     values = _resolve_vars(pipeline_doc, {**provided_values(spec), **(provided or {})}, problems)
     for job in jobs.values():
-        _resolve_job(job, values, spec.jobs, problems)
+        _resolve_job(job, values, spec.jobs, maxtext, problems)
     ordered = _order(jobs, spec.jobs, problems)
     if problems:
         raise UserError(problems)
-    return Pipeline(files.directory, spec, pipeline_doc, ordered, values)
+    return Pipeline(files.directory, spec, pipeline_doc, ordered, values, maxtext)
+
+
+def _maxtext(spec: PipelineSpec, doc: Loaded, problems: list[Problem]) -> schema.MaxText:
+    """The MaxText version the environment installs (the guide's, for the rest of the checks, if refused)."""
+    try:
+        return schema.pinned(spec.environment.packages)
+    except ValueError as err:
+        problems.append(doc.origin("environment", "packages").problem("environment.packages", str(err)))
+        return schema.load()
 
 
 def provided_values(spec: PipelineSpec) -> dict[str, str]:
@@ -311,7 +322,7 @@ CHECKPOINT_PERIOD = "checkpoint_period"  # a tenth of it: what a lost VM costs a
 CHECKPOINTS_PER_RUN = 10
 
 
-def _job_values(job: Job, values: dict[str, str], problems: list[Problem]) -> dict[str, str]:
+def _job_values(job: Job, values: dict[str, str], maxtext: schema.MaxText, problems: list[Problem]) -> dict[str, str]:
     """The shared values, plus in an RL trainer's files ${train_steps}, the updates MaxText will run
     (num_batches x rl.num_iterations x train_fraction x num_epoch), for its progress bar, and
     ${checkpoint_period}, a tenth of them (at least 1)."""
@@ -326,13 +337,15 @@ def _job_values(job: Job, values: dict[str, str], problems: list[Problem]) -> di
         for k, v in job.spec.args.items()
         if reference not in v
     }
-    steps = schedule.train_steps(args)  # None, or out of range: the MaxText key check says why
+    steps = schedule.train_steps(maxtext, args)  # None, or out of range: the MaxText key check says why
     steps = steps if steps and 0 < steps <= schedule.MAX_STEPS else 0
     return {**values, TRAIN_STEPS: str(steps), CHECKPOINT_PERIOD: str(max(1, steps // CHECKPOINTS_PER_RUN))}
 
 
-def _resolve_job(job: Job, values: dict[str, str], job_names: list[str], problems: list[Problem]) -> None:
-    values = _job_values(job, values, problems)
+def _resolve_job(
+    job: Job, values: dict[str, str], job_names: list[str], maxtext: schema.MaxText, problems: list[Problem]
+) -> None:
+    values = _job_values(job, values, maxtext, problems)
 
     def sub(text: str, *path: str) -> str:
         text = substitute(text, values.__getitem__, job.origin(*path), ".".join(path), problems, values)

@@ -73,6 +73,7 @@ class Plan:
     jobs: tuple[PlannedJob, ...]  # setup first, then in run order
     base_model: str | None = None  # the Hugging Face repo the model is converted from
     durable_dir: str = ""  # vars.durable_dir: the converted model's and the checkpoints' place (gs://: a bucket)
+    maxtext_version: str = ""  # the MaxText the environment installs, whose facts checked the jobs
 
     def job(self, name: str) -> PlannedJob:
         for job in self.jobs:
@@ -180,8 +181,10 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         needs = (*job.needs, VALIDATE) if follows_module and spec.vm.validate_args else tuple(job.needs)
         if job.module:
             modules.add(job.name)
-        lr = schedule.of(job.module, pipeline.jobs[job.name].spec.args)
+        lr = schedule.of(pipeline.maxtext, job.module, pipeline.jobs[job.name].spec.args)
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
     if spec.vm.validate_args:
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
-    return Plan(run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), durable)
+    return Plan(
+        run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), durable, pipeline.maxtext.version
+    )

@@ -6,9 +6,9 @@ length (num_batches x rl.num_iterations x train_fraction x num_epoch) when that 
 positive. MaxText 0.2.3 rewrites an unset (-1) value to `steps` (base.yml's 150001) before
 the trainer sees it, so a 50-step run warms up over 15,000 steps and never gets above 0.33%
 of its learning rate. 0.2.4 takes a length equal to `steps` for "unset" and uses the run's
-length. `0` means the run's length in both. This module replays that arithmetic so that
-`fab plan` can show the schedule and a schedule that cannot train is refused before anything
-is spent.
+length. `0` means the run's length in every version. This module replays that arithmetic, with
+the defaults of the version the environment installs, so that `fab plan` can show the schedule
+and a schedule that cannot train is refused before anything is spent.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import schema
+from .schema import MaxText
 
 RL_TRAINER = "maxtext.trainers.post_train.rl.train_rl"
 KEY = "learning_rate_schedule_steps"
@@ -27,9 +27,9 @@ FIXED_IN = (0, 2, 4)  # from this MaxText version on, a length equal to `steps` 
 STEP_KEYS = (("num_batches", int), ("rl.num_iterations", int), ("train_fraction", float), ("num_epoch", int))
 
 
-def _value(args: dict[str, str], module: str, key: str, kind: type) -> int | float | None:
+def _value(maxtext: MaxText, args: dict[str, str], module: str, key: str, kind: type) -> int | float | None:
     """`key` as MaxText reads it: the job's argument, else the module's default; None if not a finite number."""
-    raw = args.get(key, schema.defaults(module).get(key))
+    raw = maxtext.value(args, module, key)
     try:
         value = kind(raw)
     except (TypeError, ValueError, OverflowError):
@@ -37,9 +37,9 @@ def _value(args: dict[str, str], module: str, key: str, kind: type) -> int | flo
     return value if math.isfinite(value) else None
 
 
-def train_steps(args: dict[str, str], module: str = RL_TRAINER) -> int | None:
-    """The run's optimizer steps, as train_rl.get_max_train_steps counts them; None if an argument is not a number."""
-    parts = [_value(args, module, key, kind) for key, kind in STEP_KEYS]
+def train_steps(maxtext: MaxText, args: dict[str, str], module: str = RL_TRAINER) -> int | None:
+    """The run's optimizer steps, as train_rl counts them; None if an argument is not a number."""
+    parts = [_value(maxtext, args, module, key, kind) for key, kind in STEP_KEYS]
     if any(part is None for part in parts):
         return None
     product = math.prod(parts)
@@ -55,6 +55,7 @@ class Schedule:
     warmup_steps: int
     peak: float  # learning_rate
     from_unset: bool  # schedule_steps came from MaxText rewriting an unset (-1) value to `steps`
+    version: str = ""  # the MaxText version whose arithmetic this is
 
     def rate(self, step: int) -> float:
         """The learning rate of update `step` (1-based, as tunix counts and logs it): the schedule at
@@ -95,7 +96,7 @@ class Schedule:
                 )
             ]
         sized = (
-            f"unset (-1), which MaxText {'.'.join(map(str, schema.version()))} turns into steps={self.schedule_steps}"
+            f"unset (-1), which MaxText {self.version} turns into steps={self.schedule_steps}"
             if self.from_unset
             else f"{self.schedule_steps} steps"
         )
@@ -119,35 +120,35 @@ class Schedule:
         return []
 
 
-def of(module: str | None, args: dict[str, str]) -> Schedule | None:
+def of(maxtext: MaxText, module: str | None, args: dict[str, str]) -> Schedule | None:
     """The schedule an RL training job will use; None for other modules, arguments that are not numbers,
     or a run without steps (see `problems`)."""
     if module != RL_TRAINER:
         return None
-    steps = train_steps(args, module)
-    length = _value(args, module, KEY, int)
-    config_steps = _value(args, module, "steps", int)
-    peak = _value(args, module, "learning_rate", float)
-    fraction = _value(args, module, "warmup_steps_fraction", float)
+    steps = train_steps(maxtext, args, module)
+    length = _value(maxtext, args, module, KEY, int)
+    config_steps = _value(maxtext, args, module, "steps", int)
+    peak = _value(maxtext, args, module, "learning_rate", float)
+    fraction = _value(maxtext, args, module, "warmup_steps_fraction", float)
     if None in (steps, length, config_steps, peak, fraction) or not 0 < steps <= MAX_STEPS:
         return None
     unset = length == -1
     if unset:
         length = config_steps  # configs/types.py: learning_rate_schedule_steps = steps
-    if length <= 0 or (schema.version() >= FIXED_IN and length == config_steps):
+    if length <= 0 or (maxtext.release >= FIXED_IN and length == config_steps):
         length, unset = steps, False  # utils_rl.get_optimizer: the run's own length
-    return Schedule(steps, length, int(fraction * length), peak, unset)
+    return Schedule(steps, length, int(fraction * length), peak, unset, maxtext.version)
 
 
-def problems(module: str | None, args: dict[str, str]) -> list[tuple[str, str]]:
+def problems(maxtext: MaxText, module: str | None, args: dict[str, str]) -> list[tuple[str, str]]:
     """(key, why) for an RL training job that cannot train: no steps, too many, or its schedule."""
     if module != RL_TRAINER:
         return []
-    steps = train_steps(args, module)
+    steps = train_steps(maxtext, args, module)
     if steps is not None and not 0 < steps <= MAX_STEPS:
-        values = {key: _value(args, module, key, kind) for key, kind in STEP_KEYS}
+        values = {key: _value(maxtext, args, module, key, kind) for key, kind in STEP_KEYS}
         culprit = next((key for key, value in values.items() if value <= 0), "num_batches")
-        counted = " x ".join(f"{key} {args.get(key, schema.defaults(module).get(key))}" for key in values)
+        counted = " x ".join(f"{key} {maxtext.value(args, module, key)}" for key in values)
         return [(culprit, f"the run would have {steps} training steps ({counted}); give it 1 to {MAX_STEPS}")]
-    planned = of(module, args)
+    planned = of(maxtext, module, args)
     return planned.problems() if planned else []

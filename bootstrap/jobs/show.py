@@ -52,7 +52,11 @@ def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
         for job in plan.jobs
         if job.rendered is not None
     ]
-    setup = {"venv": plan.spec.environment.venv_path, "new_vm": environment_source(plan)}
+    setup = {
+        "venv": plan.spec.environment.venv_path,
+        "maxtext": plan.maxtext_version,
+        "new_vm": environment_source(plan),
+    }
     return {"run": _run_info(plan, record), "state_dir": plan.layout.root, "environment": setup, "jobs": jobs}
 
 
@@ -72,7 +76,8 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
     lines = [f"run: {info['name'] or '<new>'} ({info['note']})"]
     if info.get("last_seen"):
         lines.append("last seen: " + ", ".join(f"{j} {s}" for j, s in info["last_seen"].items()))
-    lines += ["", f"0. setup: build the environment {plan.spec.environment.venv_path} (when its spec changed)"]
+    venv = plan.spec.environment.venv_path
+    lines += ["", f"0. setup: build the environment {venv}, MaxText {plan.maxtext_version} (when its spec changed)"]
     lines.append(f"   new VM:  {environment_source(plan)}")
     if plan.spec.vm.validate_args:
         lines.append("   validate: then MaxText's own validator on every job's arguments, before any job starts")

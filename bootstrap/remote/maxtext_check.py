@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import time
@@ -24,6 +25,14 @@ except ImportError:
     import faults  # on the VM: beside this script in the tools folder
 
 ERROR_MARK = "MAXTEXT CONFIG ERROR:"
+CONFIG_CLASS = re.compile(r"config_class=types\.(\w+)")
+
+
+def config_class_name(source: str) -> str:
+    """The pydantic class a module's source parses its config with: from 0.2.4, train_rl passes
+    `config_class=types.RLConfig` (other keys than MaxTextConfig's); the rest take pyconfig's default."""
+    found = CONFIG_CLASS.search(source)
+    return found.group(1) if found else "MaxTextConfig"
 
 
 def _redact(text: str) -> str:
@@ -41,9 +50,13 @@ def check(module: str, args: list[str]) -> tuple[bool, str]:
             spec = importlib.util.find_spec(module)
             if spec is None or spec.origin is None:
                 raise ImportError(f"{module} is not importable with {sys.executable}")
-            from maxtext.configs import pyconfig
+            from maxtext.configs import pyconfig, types
 
-            pyconfig.initialize([spec.origin, *config_args])
+            with open(spec.origin, encoding="utf-8") as source:
+                name = config_class_name(source.read())
+            # 0.2.3's initialize has no config_class: it would read one as a config key
+            chosen = {} if name == "MaxTextConfig" else {"config_class": getattr(types, name)}
+            pyconfig.initialize([spec.origin, *config_args], **chosen)
             failure = None
         except SystemExit as exit_:
             failure = f"exit {exit_.code}"

@@ -62,8 +62,9 @@ def check(c, arg=None, python="python3"):
     """Run MaxText's own validator on every job's arguments (needs maxtext, not a TPU)."""
     files = load.read(jobs_dir())
     check_local(files, arg or [])
-    _require_maxtext(python)
-    words = validation_args(build(files, arg or [], runs.current_run() or "check").rendered)
+    built = build(files, arg or [], runs.current_run() or "check")
+    _require_maxtext(python, built.maxtext_version)
+    words = validation_args(built.rendered)
     console.print("checking every job with MaxText's own validator (about 10 s to import MaxText) ...")
     script = REPO / "bootstrap" / "remote" / "maxtext_check.py"
     result = subprocess.run([python, str(script), *words], capture_output=True, text=True)
@@ -72,19 +73,25 @@ def check(c, arg=None, python="python3"):
         sys.exit(2)
 
 
-BUILD_ONE = 'a Python 3.12 with maxtext 0.2.3 is built by: fab check --python "$(python scripts/maxtext_config_env.py)"'
-
-
-def _require_maxtext(python: str) -> None:
-    """The validator's Python can import maxtext (found in milliseconds, before MaxText's 10 s import)."""
+def _require_maxtext(python: str, version: str) -> None:
+    """The validator's Python has the maxtext the jobs install (found in milliseconds, before MaxText's 10 s
+    import): another version's validator would judge the jobs by other keys."""
+    build_one = (
+        f'a Python 3.12 with maxtext {version} is built by: fab check --python "$(python '
+        f'scripts/maxtext_config_env.py {version})"'
+    )
     if not python:
-        raise UserError(f"--python is empty (did the command that should give it fail?); {BUILD_ONE}")
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('maxtext') is None)"
+        raise UserError(f"--python is empty (did the command that should give it fail?); {build_one}")
+    probe = (
+        "import importlib.metadata as m, importlib.util as u; print(u.find_spec('maxtext') and m.version('maxtext'))"
+    )
     try:
-        found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+        found = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
     except OSError as err:
-        raise UserError(f"--python {python}: {err.strerror or err}; {BUILD_ONE}") from None
+        raise UserError(f"--python {python}: {err.strerror or err}; {build_one}") from None
     except subprocess.TimeoutExpired:
-        raise UserError(f"--python {python}: did not answer in 60 s; {BUILD_ONE}") from None
-    if not found:
-        raise UserError(f"--python {python}: cannot import maxtext; {BUILD_ONE}")
+        raise UserError(f"--python {python}: did not answer in 60 s; {build_one}") from None
+    if found in ("", "None"):
+        raise UserError(f"--python {python}: cannot import maxtext; {build_one}")
+    if found != version:
+        raise UserError(f"--python {python}: has maxtext {found}, the jobs install {version}; {build_one}")

@@ -3,7 +3,7 @@
 import pytest
 
 from bootstrap.errors import UserError
-from bootstrap.jobs import check
+from bootstrap.jobs import schema
 from bootstrap.results import hub
 from tests.hubstub import Token, serve
 
@@ -19,8 +19,9 @@ def stub(monkeypatch):
     server.shutdown()
 
 
-def test_base_model_comes_from_maxtext():
-    assert check.base_model("llama3.1-8b-Instruct") == MODEL
+@pytest.mark.parametrize("version", schema.supported())
+def test_base_model_comes_from_maxtext(version):
+    assert schema.load(version).hf_id("llama3.1-8b-Instruct") == MODEL
 
 
 def test_good_token_reads_the_model_and_writes_the_target(stub):

@@ -1,17 +1,19 @@
-"""The authoritative layer for real: MaxText 0.2.3's own pyconfig, on CPU, in a Python 3.12 venv."""
+"""The authoritative layer for real: each supported MaxText's own pyconfig, on CPU, in a Python 3.12 venv."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from bootstrap.jobs import load
+from bootstrap.jobs import load, schema
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
 from scripts import maxtext_config_env
+from tests.unit.test_maxtext_versions import jobs_installing
 
 CHECK = REPO / "bootstrap" / "remote" / "maxtext_check.py"
 pytestmark = pytest.mark.maxtext
@@ -22,17 +24,40 @@ def maxtext_python() -> Path:
     return maxtext_config_env.ensure()
 
 
-def fab(*args: str) -> subprocess.CompletedProcess:
+def fab(*args: str, jobs: Path = REPO / "jobs") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True
+        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TPU_RL_JOBS": str(jobs)},
     )
 
 
-def test_maxtext_accepts_the_shipped_jobs(maxtext_python):
-    result = fab("check", "--python", str(maxtext_python))
+@pytest.mark.parametrize("version", schema.supported())
+def test_each_maxtext_accepts_the_shipped_jobs_rendered_for_it(tmp_path, version):
+    """The shipped jobs, with the environment pinned to `version`, pass that version's own validator, train_rl
+    through the config class it parses with (0.2.4's RLConfig has other keys than MaxTextConfig)."""
+    python = maxtext_config_env.ensure(version)
+    result = fab("check", "--python", str(python), jobs=jobs_installing(tmp_path, f"maxtext=={version}"))
     assert result.returncode == 0, result.stdout + result.stderr
     for job, module in (("convert", "to_maxtext"), ("train", "train_rl"), ("export", "to_huggingface")):
         assert f"{job}: ok: maxtext." in result.stdout and module in result.stdout
+
+
+@pytest.mark.parametrize("version", schema.supported())
+def test_each_facts_file_is_what_its_wheel_says(version):
+    python = maxtext_config_env.ensure(version)
+    result = subprocess.run(
+        [python, REPO / "scripts" / "generate_maxtext_schema.py", "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and f"maxtext/{version}.json: up to date" in result.stdout, result.stderr[-2000:]
+
+
+def test_fab_check_refuses_another_versions_validator_in_one_line(maxtext_python, tmp_path):
+    result = fab("check", "--python", str(maxtext_python), jobs=jobs_installing(tmp_path, "maxtext==0.2.5"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "has maxtext 0.2.3, the jobs install 0.2.5" in result.stderr
+    assert "scripts/maxtext_config_env.py 0.2.5" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -77,10 +102,3 @@ def test_the_validate_job_checks_every_job_at_once_and_marks_only_full_acceptanc
     good = build(load.read(REPO / "jobs"), [], "run-1").job("validate").runner_spec["argv"][4:]
     assert subprocess.run([maxtext_python, CHECK, "--marker", marker, *good]).returncode == 0
     assert marker.read_text() == "3 jobs accepted\n"
-
-
-def test_schema_file_matches_the_real_package(maxtext_python):
-    result = subprocess.run(
-        [maxtext_python, REPO / "scripts" / "generate_maxtext_schema.py", "--check"], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stdout + result.stderr[-2000:]

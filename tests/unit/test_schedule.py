@@ -40,7 +40,7 @@ def test_the_shipped_job_sizes_the_schedule_to_its_50_steps():
 
 
 def test_the_reference_schedule_peaks_at_a_third_of_a_percent():
-    lr = schedule.of(schedule.RL_TRAINER, {"num_batches": "50"})
+    lr = schedule.of(schema.load("0.2.3"), schedule.RL_TRAINER, {"num_batches": "50"})
     assert (lr.schedule_steps, lr.warmup_steps) == (150001, 15000)
     assert lr.highest == pytest.approx(9.8e-9, rel=0.01)  # issue 15, from MaxText 0.2.3's pyconfig
 
@@ -110,17 +110,26 @@ def test_a_longer_schedule_that_still_reaches_the_peak_is_accepted():
     assert train_job(["train.learning_rate_schedule_steps=200"]).lr_schedule.rate(50) > 2e-6
 
 
-def test_from_maxtext_0_2_4_a_length_equal_to_steps_is_the_run_length(monkeypatch):
+@pytest.mark.parametrize("version", ["0.2.4", "0.2.5"])
+def test_from_maxtext_0_2_4_a_length_equal_to_steps_is_the_run_length(version):
     """0.2.4's get_optimizer: -1 (rewritten to steps) and a value equal to steps both mean the run's length."""
-    facts = {**schema.schema(), "maxtext_version": "0.2.4"}
-    monkeypatch.setattr(schema, "schema", lambda: facts)
+    maxtext = schema.load(version)
     for length in ("-1", "150001", "0"):
-        lr = schedule.of(schedule.RL_TRAINER, {"num_batches": "50", "learning_rate_schedule_steps": length})
+        lr = schedule.of(maxtext, schedule.RL_TRAINER, {"num_batches": "50", "learning_rate_schedule_steps": length})
         assert (lr.schedule_steps, lr.warmup_steps, lr.problems()) == (50, 5, []), length
     assert (
-        schedule.of(schedule.RL_TRAINER, {"num_batches": "50", "learning_rate_schedule_steps": "60"}).schedule_steps
+        schedule.of(
+            maxtext, schedule.RL_TRAINER, {"num_batches": "50", "learning_rate_schedule_steps": "60"}
+        ).schedule_steps
         == 60
     )
+
+
+def test_from_maxtext_0_2_4_a_flat_rl_key_sets_the_run_length():
+    """0.2.4's RLConfig routes a flat `num_iterations` into `rl.num_iterations` (0.2.3 ignores it for RL)."""
+    args = {"num_batches": "50", "num_iterations": "2"}
+    assert schedule.train_steps(schema.load("0.2.5"), args) == 100
+    assert schedule.train_steps(schema.load("0.2.3"), args) == 50
 
 
 def test_train_steps_exists_only_for_the_rl_trainer():
