@@ -209,7 +209,6 @@ def test_the_real_check_passes_and_marks_a_good_environment(site, tmp_path):
 )
 def test_each_failure_is_one_line_and_leaves_no_marker(site, tmp_path, expected, line):
     result = run_check(site, expected, tmp_path)
-    print(result.stdout)
     assert result.returncode == 2
     lines = result.stdout.splitlines()
     assert len(lines) == 1 and lines[0].startswith(line), result.stdout
