@@ -17,7 +17,7 @@ from types import MappingProxyType
 
 from .. import secrets
 from ..errors import UserError
-from ..remote import gcs
+from ..remote import envcheck, gcs
 from ..remote.jobrunner import Layout
 from . import check, environment, schedule
 from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
@@ -27,7 +27,7 @@ RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 PLACEHOLDER_RUN = "<run_name>"
 _OTHER_RUN = "~another-run~"  # never a valid run name, so it cannot collide with a real one
-VALIDATE = "validate"  # MaxText's own check of every job's arguments, before the first job
+VALIDATE = "validate"  # MaxText's own check of every job's arguments, and the environment's, before train
 DURABLE_DIR = "durable_dir"  # the var naming where the converted model and the checkpoints live
 
 
@@ -136,14 +136,45 @@ def validation_args(jobs: list[RenderedJob]) -> list[str]:
     return words
 
 
+def expected_environment(spec: PipelineSpec) -> envcheck.Expected:
+    """What the environment check proves: the chips JAX must see, the packages, the accepted conflicts."""
+    env = spec.environment
+    accepted = {c.conflict: c.why for c in env.accepted_conflicts}
+    return envcheck.Expected(spec.vm.chips, spec.vm.chip_kind, dict(env.check_packages), accepted)
+
+
+def _accelerator_env(jobs: list[RenderedJob]) -> dict[str, str]:
+    """The TPU_ variables the MaxText jobs set for libtpu (train's topology; not tpu-rl's own TPU_RL_ ones): JAX
+    finds the chips as those jobs will."""
+    return {
+        k: v
+        for job in jobs
+        if job.module
+        for k, v in job.env.items()
+        if k.startswith("TPU_") and not k.startswith("TPU_RL_")
+    }
+
+
 def _validate_job(spec: PipelineSpec, layout: Layout, jobs: list[RenderedJob]) -> PlannedJob:
-    """MaxText's own validator on every job at once, as soon as the environment exists: a rejected
-    argument of export fails in seconds, before train spends anything."""
-    words = validation_args(jobs)
-    job_dir = layout.shared(VALIDATE, hashlib.sha256(json.dumps(words).encode()).hexdigest()[:12])
+    """MaxText's own validator on every job at once, and the environment proven (envcheck.py), as soon as the
+    environment exists: a rejected argument of export or a missing vLLM fails in seconds, before train spends
+    anything. Keyed by the environment too: a rebuilt one is proven again."""
+    words = validation_args(jobs) if spec.vm.validate_args else []
+    env = {}
+    if spec.vm.check_environment:
+        words = ["--environment", expected_environment(spec).to_json(), *words]
+        env = _accelerator_env(jobs)
+    key = json.dumps([environment.digest(spec.environment), env, words])
+    job_dir = layout.shared(VALIDATE, hashlib.sha256(key.encode()).hexdigest()[:12])
     marker = f"{job_dir}/accepted"
     argv = [spec.environment.python_path, layout.tool("maxtext_check.py"), "--marker", marker, *words]
-    return PlannedJob(VALIDATE, job_dir, runner_spec(layout, VALIDATE, argv, [marker]), (SETUP,), shared=True)
+    runner = runner_spec(layout, VALIDATE, argv, [marker], env=env)
+    return PlannedJob(VALIDATE, job_dir, runner, (SETUP,), shared=True)
+
+
+def validates(spec: PipelineSpec) -> bool:
+    """Whether the plan has a validate job: MaxText's validator, the environment check, or both."""
+    return spec.vm.validate_args or spec.vm.check_environment
 
 
 def _durable_record(durable_dir: str, layout: Layout, job_dir: str, outputs: list[str]) -> str | None:
@@ -178,12 +209,12 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         # A MaxText job after another one waits for the check of all of them; the first (convert) does not:
         # MaxText checks its arguments at its own start, in seconds, and it runs beside the check.
         follows_module = any(need in modules for need in job.needs)
-        needs = (*job.needs, VALIDATE) if follows_module and spec.vm.validate_args else tuple(job.needs)
+        needs = (*job.needs, VALIDATE) if follows_module and validates(spec) else tuple(job.needs)
         if job.module:
             modules.add(job.name)
         lr = schedule.of(pipeline.maxtext, job.module, pipeline.jobs[job.name].spec.args)
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
-    if spec.vm.validate_args:
+    if validates(spec):
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
     return Plan(
         run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), durable, pipeline.maxtext.version

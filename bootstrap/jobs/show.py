@@ -9,7 +9,7 @@ from ..results.runs import RunRecord
 from ..secrets import REDACTED
 from . import environment
 from .load import RenderedJob
-from .plan import PLACEHOLDER_RUN, Plan
+from .plan import PLACEHOLDER_RUN, Plan, expected_environment
 from .schedule import Schedule
 
 
@@ -71,6 +71,25 @@ def environment_source(plan: Plan) -> str:
     )
 
 
+def _validate_lines(plan: Plan) -> list[str]:
+    """What the validate job proves once the environment exists, beside convert and before train."""
+    vm, lines = plan.spec.vm, []
+    if vm.validate_args:
+        lines.append("   validate: then MaxText's own validator on every job's arguments, before train starts")
+    if vm.check_environment:
+        expected = expected_environment(plan.spec)
+        chips = f"{expected.chips} TPU chips ({expected.chip_kind})" if expected.chips else "CPU only"
+        packages = ", ".join(
+            f"{n} ({v if v != 'maxtext' else 'as MaxText pins it'})" for n, v in expected.packages.items()
+        )
+        lines.append(
+            f"   environment check: {'with it' if vm.validate_args else 'then'}, JAX sees {chips}; "
+            f"{packages or 'no packages'} import; uv pip check finds no conflict but the "
+            f"{len(expected.accepted)} accepted (environment.accepted_conflicts)"
+        )
+    return lines
+
+
 def plan_text(plan: Plan, record: RunRecord | None) -> str:
     info = _run_info(plan, record)
     lines = [f"run: {info['name'] or '<new>'} ({info['note']})"]
@@ -79,8 +98,7 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
     venv = plan.spec.environment.venv_path
     lines += ["", f"0. setup: build the environment {venv}, MaxText {plan.maxtext_version} (when its spec changed)"]
     lines.append(f"   new VM:  {environment_source(plan)}")
-    if plan.spec.vm.validate_args:
-        lines.append("   validate: then MaxText's own validator on every job's arguments, before any job starts")
+    lines += _validate_lines(plan)
     for number, planned in enumerate((j for j in plan.jobs if j.rendered is not None), 1):
         job = planned.rendered
         head = job.argv[:3] if job.module else job.argv[:1]

@@ -67,8 +67,22 @@ class JobSpec(Strict):
         return self
 
 
+# A distribution's name as PyPI spells it (google-tunix, tpu-inference).
+PackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")]
+# Where a checked package's version comes from: MaxText's own pin (remote/envcheck.py MAXTEXT_PINS), or ==VERSION.
+ExpectedVersion = Annotated[str, StringConstraints(pattern=r"^(maxtext|==[A-Za-z0-9.+!_-]{1,64})$")]
+ROLLOUT_PACKAGES = {"google-tunix": "maxtext", "tpu-inference": "maxtext", "vllm": "maxtext"}
+
+
+class AcceptedConflict(Strict):
+    """One line of `uv pip check` that the environment's own install is known to leave, and why it is harmless."""
+
+    conflict: str = Field(min_length=1, pattern=r"^The package `")
+    why: str = Field(min_length=1)
+
+
 class EnvironmentSpec(Strict):
-    """The Python environment `fab setup` builds; its hash is the setup stamp."""
+    """The Python environment `fab setup` builds; its hash (of what is built, not what is checked) is the stamp."""
 
     python: str = Field("3.12", pattern=r"^3\.[0-9]{1,2}(\.[0-9]{1,2})?$")
     venv: Folder = "maxtext_venv"
@@ -76,6 +90,11 @@ class EnvironmentSpec(Strict):
     install_options: list[str] = []
     install_env: dict[EnvName, str] = {}
     post_install: list[str] = []  # shell commands run inside the activated venv
+    # What the validate job proves in the built venv before train (remote/envcheck.py): each package imports, at
+    # the version it is installed at: "maxtext" (MaxText's post_train_github_deps.txt pin) or "==VERSION".
+    check_packages: dict[PackageName, ExpectedVersion] = dict(ROLLOUT_PACKAGES)
+    # `uv pip check` lines the install above is known to leave; any other conflict fails the check.
+    accepted_conflicts: list[AcceptedConflict] = []
 
     @property
     def venv_path(self) -> str:
@@ -93,12 +112,14 @@ class VmSpec(Strict):
     state_dir: Folder = "tpu-rl"
     startup_marker: Folder = "/var/lib/tpu-rl/startup.done"
     startup_log: Folder = "/var/log/tpu-rl-startup.log"
-    chips: int = Field(8, ge=0, le=256)
+    chips: int = Field(8, ge=0, le=256)  # 0: no TPU, JAX runs on CPU (the test tiers)
+    chip_kind: str = "TPU v6 lite"  # JAX's device_kind of the chips (v6e's, as MaxText's max_utils names it)
     chip_glob: str = "/dev/vfio/[0-9]*"
     min_memory_gb: Gigabytes = 0
     min_shm_gb: Gigabytes = 0
     shm_path: Folder = "/dev/shm"
     validate_args: bool = True
+    check_environment: bool = True  # the environment proven beside the validator (remote/envcheck.py)
     # Shut the VM down once every job is done and no fab command came for this long: "auto" (by the
     # stack's provisioning model, README: Autostop), "off", or a time such as 30m, 2h.
     autostop: str = Field("auto", pattern=r"^(auto|off|[1-9][0-9]{0,3}[smh])$")

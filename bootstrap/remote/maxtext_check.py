@@ -1,13 +1,14 @@
 """MaxText's own config validator on jobs' rendered arguments (no TPU needed).
 
     python maxtext_check.py MODULE key=value ... [--module_flag=value ...]
-    python maxtext_check.py [--marker FILE] --job NAME MODULE ARGS... [--job NAME MODULE ARGS...]
+    python maxtext_check.py [--marker FILE] [--environment JSON] [--job NAME MODULE ARGS...]...
 
 Runs pyconfig.initialize exactly as MODULE would, with its default config file, hides
 MaxText's long config dump, and prints one line per job: `ok ...` or the `MAXTEXT CONFIG
-ERROR`; exit 2 if any job was rejected. Checking every job in one process pays MaxText's
-import time (about 10 s) once. FILE is written only when every job was accepted. Needs
-Python 3.12 with maxtext importable.
+ERROR`; exit 2 if any job was rejected. With --environment (envcheck.Expected as JSON), first
+proves the environment itself (envcheck.py): one `ENVIRONMENT ERROR` line per problem, exit 2.
+Checking every job in one process pays MaxText's import time (about 10 s) once. FILE is
+written only when everything was accepted. Needs Python 3.12 with maxtext importable.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
 
 try:
-    from . import faults  # on the laptop: bootstrap.remote.maxtext_check
+    from . import envcheck, faults  # on the laptop: bootstrap.remote.maxtext_check
 except ImportError:
-    import faults  # on the VM: beside this script in the tools folder
+    import envcheck  # on the VM: beside this script in the tools folder
+    import faults
 
 ERROR_MARK = "MAXTEXT CONFIG ERROR:"
 CONFIG_CLASS = re.compile(r"config_class=types\.(\w+)")
@@ -40,12 +45,34 @@ def _redact(text: str) -> str:
     return text.replace(token, "<redacted>") if token else text
 
 
-def check(module: str, args: list[str]) -> tuple[bool, str]:
-    config_args = [a for a in args if not a.startswith("--")]  # module flags are not config keys
+@contextmanager
+def _captured() -> Iterator[IO[str]]:
+    """Everything the process and its libraries print (MaxText's config dump, vLLM's import logs), kept aside."""
     with tempfile.TemporaryFile(mode="w+") as captured:
         saved = os.dup(1), os.dup(2)
         sys.stdout.flush(), sys.stderr.flush()
         os.dup2(captured.fileno(), 1), os.dup2(captured.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+
+def check_environment(expected: envcheck.Expected) -> list[str]:
+    """The environment's lines: one `ok` line, or one `ENVIRONMENT ERROR` line per problem."""
+    with _captured():
+        facts = envcheck.gather(expected)
+    found = envcheck.problems(expected, facts)
+    if not found:
+        return [f"environment: {envcheck.summary(expected, facts)}"]
+    return [_redact(f"{envcheck.ERROR_MARK} {problem}")[:800] for problem in found]
+
+
+def check(module: str, args: list[str]) -> tuple[bool, str]:
+    config_args = [a for a in args if not a.startswith("--")]  # module flags are not config keys
+    with _captured() as captured:
         try:
             spec = importlib.util.find_spec(module)
             if spec is None or spec.origin is None:
@@ -57,55 +84,65 @@ def check(module: str, args: list[str]) -> tuple[bool, str]:
             # 0.2.3's initialize has no config_class: it would read one as a config key
             chosen = {} if name == "MaxTextConfig" else {"config_class": getattr(types, name)}
             pyconfig.initialize([spec.origin, *config_args], **chosen)
-            failure = None
+            return True, f"ok: {module} accepts {len(config_args)} keys"
         except SystemExit as exit_:
             failure = f"exit {exit_.code}"
         except Exception as err:  # MaxText raises many kinds for bad values
             failure = f"{type(err).__name__}: {err}"
-        finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-        if failure is None:
-            return True, f"ok: {module} accepts {len(config_args)} keys"
+        sys.stdout.flush(), sys.stderr.flush()
         captured.seek(0)
         lines = captured.read().splitlines()
-        marked = [i for i, line in enumerate(lines) if ERROR_MARK in line]
-        if marked:  # the marked line, and pydantic's details that follow it
-            first = lines[marked[0]]
-            detail = " ".join(
-                [
-                    first[first.index(ERROR_MARK) :],
-                    *(line.strip() for line in lines[marked[0] + 1 : marked[0] + 4] if "====" not in line),
-                ]
-            )
-        else:
-            detail = failure
-        return False, _redact(detail[:800])
+    marked = [i for i, line in enumerate(lines) if ERROR_MARK in line]
+    if marked:  # the marked line, and pydantic's details that follow it
+        first = lines[marked[0]]
+        detail = " ".join(
+            [
+                first[first.index(ERROR_MARK) :],
+                *(line.strip() for line in lines[marked[0] + 1 : marked[0] + 4] if "====" not in line),
+            ]
+        )
+    else:
+        detail = failure
+    return False, _redact(detail[:800])
 
 
-def _jobs(argv: list[str]) -> tuple[str | None, list[tuple[str, str, list[str]]]]:
-    """(marker, [(name, module, args)]) from the command line."""
-    marker = None
-    if argv[:1] == ["--marker"]:
-        marker, argv = argv[1], argv[2:]
-    if argv[:1] != ["--job"]:
-        return marker, [(argv[0].rsplit(".", 1)[-1], argv[0], argv[1:])]
-    jobs, current = [], None
-    for word in argv:
+def _options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The leading `--marker FILE` and `--environment JSON`, and the words after them."""
+    options = {}
+    while argv[:1] in (["--marker"], ["--environment"]) and len(argv) > 1:
+        options[argv[0][2:]], argv = argv[1], argv[2:]
+    return options, argv
+
+
+def _jobs(words: list[str]) -> list[tuple[str, str, list[str]]]:
+    """[(name, module, args)] from `--job NAME MODULE ARGS...` groups, or from a lone `MODULE ARGS...`."""
+    if not words:
+        return []
+    if words[0] != "--job":
+        return [(words[0].rsplit(".", 1)[-1], words[0], words[1:])]
+    jobs, current = [], []
+    for word in words:
         if word == "--job":
             current = []
             jobs.append(current)
         else:
             current.append(word)
-    return marker, [(group[0], group[1], group[2:]) for group in jobs]
+    return [(group[0], group[1], group[2:]) for group in jobs]
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    options, words = _options(argv)
+    jobs = _jobs(words)
+    if not jobs and "environment" not in options:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 64
-    marker, jobs = _jobs(argv)
     rejected = 0
+    if "environment" in options:  # first: what would stop train at its start, whatever its arguments
+        started = time.monotonic()
+        lines = check_environment(envcheck.Expected.from_json(options["environment"]))
+        rejected += any(line.startswith(envcheck.ERROR_MARK) for line in lines)
+        lines[-1] += f" ({time.monotonic() - started:.1f} s)"
+        print("\n".join(lines), flush=True)
     for name, module, args in jobs:
         started = time.monotonic()
         ok, message = check(module, args)
@@ -113,9 +150,10 @@ def main(argv: list[str]) -> int:
         rejected += not ok
     if rejected:
         return 2
+    marker = options.get("marker")
     if marker:
         with open(marker, "w") as f:
-            f.write(f"{len(jobs)} jobs accepted\n")
+            f.write(f"{len(jobs)} jobs accepted{', the environment proven' if 'environment' in options else ''}\n")
         faults.point("validate.wrote-marker")
     return 0
 

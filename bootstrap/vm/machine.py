@@ -38,6 +38,7 @@ TOOLS = (
     "driver.py",
     "evals.py",
     "maxtext_check.py",
+    "envcheck.py",
     "maxtext_run.py",
     "attempts.py",
     "hub_upload.py",

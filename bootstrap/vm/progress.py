@@ -25,7 +25,7 @@ STEP = re.compile(r"Train step (\d+) training loss: (\S+)")
 SETUP_STEP = re.compile(r"^==> (.*)")
 NOTABLE = re.compile(
     r"Starting RL training|RL Training Completed Successfully|Conversion complete|successfully saved in HuggingFace|"
-    r"Overall Elapse|Peak Memory|MAXTEXT CONFIG ERROR|Traceback|Error|\[tpu-rl\] "
+    r"Overall Elapse|Peak Memory|MAXTEXT CONFIG ERROR|ENVIRONMENT ERROR|Traceback|Error|\[tpu-rl\] "
 )
 HEARTBEAT_SECONDS = 30
 ABSL_PREFIX = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] |(?:INFO|WARNING|ERROR):absl:)")

@@ -34,14 +34,34 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.maxtext)
 
 
+# What `uv pip check` finds in that environment: tunix 0.1.7 (PyPI's metadata) installed without its dependencies.
+TUNIX_UNMET = ["hf-transfer", "kagglehub", "numba", "tensorflow-datasets"]
+ACCEPTED_CONFLICTS = [
+    *(
+        {
+            "conflict": f"The package `google-tunix` requires `{name}`, but it's not installed",
+            "why": "tunix is installed with --no-deps; the CPU tier's trainer never imports it",
+        }
+        for name in TUNIX_UNMET
+    ),
+    {
+        "conflict": "The package `google-tunix` requires `safetensors<0.8`, but `0.8.0` is installed",
+        "why": "the CPU set's transformers 5.24 needs safetensors 0.8; the tiny model's files load with it",
+    },
+]
+
+
 def environment() -> dict:
-    """maxtext 0.2.3 without extras, the CPU dependency set (pinned), tunix without its dependencies."""
+    """maxtext 0.2.3 without extras, the CPU dependency set (pinned), tunix without its dependencies; the
+    environment check proves the tunix it installs (no vLLM, no tpu-inference: the CPU rollout replaces them)."""
     pins = (HERE / "requirements-cpu.txt").read_text().split()
     return {
         "python": "3.12",
         "venv": str(VENV),
         "packages": ["maxtext==0.2.3", *pins],
         "post_install": ["uv pip install --no-deps google-tunix==0.1.7"],
+        "check_packages": {"google-tunix": "==0.1.7"},
+        "accepted_conflicts": ACCEPTED_CONFLICTS,
     }
 
 
@@ -101,7 +121,7 @@ def cpu_fab_at(host, tmp: Path) -> Iterator[Fab]:
     jobs = tmp / "jobs"
     write_test_jobs(jobs, tmp, [])
     edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=environment()))
-    edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True))
+    edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True, check_environment=True))
     try:
         yield Fab(host, tmp, token, jobs, state)
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,7 +25,7 @@ from bootstrap.jobs.schedule import Schedule
 from bootstrap.paths import REPO
 from bootstrap.remote import evals
 from tests.loopback import Fab
-from tests.maxtext_cpu.conftest import HERE, VENV, overrides
+from tests.maxtext_cpu.conftest import ACCEPTED_CONFLICTS, HERE, VENV, overrides
 
 STEPS = 4
 BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
@@ -102,6 +103,17 @@ def test_each_job_logs_its_real_completion_lines_and_status_shows_them_done(cpu_
     rows = {line.split()[1]: line for line in status.stdout.splitlines() if line.startswith("│ ")}
     for job in ("setup", "validate", "prefetch", "convert", "train", "export"):
         assert " done " in rows[job], status.stdout
+
+
+def test_the_environment_was_proven_beside_the_validator_before_train(cpu_fab: Fab, run: dict):
+    """The real check (remote/envcheck.py) on the real environment: JAX on CPU, tunix as the spec installs it,
+    and uv's report holding only the accepted conflicts."""
+    log = next((cpu_fab.tmp / "state" / "shared").glob("validate-*/log")).read_text()
+    assert re.search(
+        rf"environment: ok: JAX sees [0-9]+ cpu device\(s\); google-tunix 0\.1\.7; uv pip check: "
+        rf"{len(ACCEPTED_CONFLICTS)} accepted conflict\(s\)",
+        log,
+    ), log
 
 
 def test_fab_showed_train_steps_and_the_real_eval_table(run: dict):

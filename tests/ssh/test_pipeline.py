@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.loopback import REPO, Fab
+from tests.loopback import REPO, Fab, edit_yaml
 
 
 def current_run(fab: Fab) -> str:
@@ -204,3 +204,20 @@ def test_a_manifest_over_a_mebibyte_is_read_whole(fab: Fab, tmp_path):
     assert result.returncode == 0, result.stderr
     verified = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=dest, capture_output=True, text=True)
     assert verified.returncode == 0 and len((dest / "SHA256SUMS").read_text().splitlines()) > 1300
+
+
+def test_an_environment_that_fails_its_check_stops_train_with_one_line(fab: Fab):
+    """The environment check (remote/envcheck.py) in the validate job, on the stand-in environment, which has no
+    tunix: validate fails with the line naming the package and version, and train never starts."""
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data["vm"].update(check_environment=True))
+    edit_yaml(
+        fab.jobs / "pipeline.yaml", lambda data: data["environment"].update(check_packages={"google-tunix": "==0.1.7"})
+    )
+    failed = fab("train", "--arg", "vars.num_batches=4")
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    line = "ENVIRONMENT ERROR: google-tunix: not installed, the spec installs google-tunix==0.1.7"
+    assert f"[validate] {line}" in failed.stdout  # shown as the job logs it, and again in its log's tail
+    assert "validate failed on 127.0.0.1: exited with 2" in failed.stderr
+    assert "train: not started, it needs validate, which failed" in failed.stdout
+    assert "train: starting" not in failed.stdout and "export: starting" not in failed.stdout
+    assert not (fab.job_dir(current_run(fab), "train") / "log").exists()
