@@ -31,6 +31,7 @@ from .session import target_of
 
 POLL_SECONDS = 5
 FINISH_SECONDS = 60  # after the driver's last event: how long its pod, and the jobs' logs, may take to end
+LOST_SECONDS = 10  # the API lost: how long the other readers may take to see it too before fab exits
 
 
 def entries(session: Session, jobs: list[PlannedJob]) -> list[dict]:
@@ -85,7 +86,8 @@ def items(session: Session, driver_name: str, keys: dict[str, str], on_idle) -> 
     def event(text: str) -> None:
         out.put(_event(text))
 
-    threading.Thread(target=follow, args=(driver_name, event, {"over": True}), daemon=True).start()
+    watcher = threading.Thread(target=follow, args=(driver_name, event, {"over": True}), daemon=True)
+    watcher.start()
     while True:
         try:
             item = out.get(timeout=POLL_SECONDS)
@@ -94,6 +96,11 @@ def items(session: Session, driver_name: str, keys: dict[str, str], on_idle) -> 
         if "idle" in item:
             on_idle()
         elif "lost" in item:
+            # None left inside a request when fab exits: a daemon thread in the TLS library while the
+            # interpreter shuts down can abort the process (seen: exit -6 after the one-line error).
+            given_up = time.monotonic() + LOST_SECONDS
+            for thread in (watcher, *followers.values()):
+                thread.join(max(0.0, given_up - time.monotonic()))
             raise ConnectionLost(item["lost"])
         elif "over" in item:  # the driver's JobSet has ended (and its log has been read)
             break
