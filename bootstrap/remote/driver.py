@@ -28,6 +28,8 @@ the plan's autostop time, it shuts the VM down.
                                  prints "held" once it holds
     run STATE_DIR [--autostop]   the driver itself (started by start); --autostop: only the wait to
                                  shut down of a pipeline that is done
+    runs STATE_DIR REQUEST       every run the state folder and the bucket hold, as JSON (inventory.py;
+                                 REQUEST: JSON, where fab's plan puts things, by run)
 
 The files of the pipeline folder (Layout.pipeline): plan.json (the plan being driven),
 driver.json (the driver's pid and the pipeline's state), events.jsonl (what the driver did,
@@ -53,9 +55,10 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 try:
-    from . import faults, jobrunner  # on the laptop: bootstrap.remote.driver
+    from . import faults, inventory, jobrunner  # on the laptop: bootstrap.remote.driver
 except ImportError:
     import faults  # on the VM: beside this script in the tools folder
+    import inventory
     import jobrunner
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
@@ -491,6 +494,7 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
             _stop(current)
         write_json(_path(layout, PLAN), plan)
         faults.point("driver.wrote-plan")
+        keep_run_plan(layout, plan)
         if os.path.exists(_path(layout, REVIVED)):  # a plan a fab command starts may be revived again
             os.remove(_path(layout, REVIVED))
             faults.point("start.forgot-revivals")
@@ -502,6 +506,27 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         if (plan.get("autostop") or {}).get("idle_seconds"):
             keep_reviving(layout)  # the VM shuts down even if this driver dies (OOM, reboot) with no fab to come
         return 0, {"started": _spawn(layout)}
+
+
+def keep_run_plan(layout: Layout, plan: dict) -> None:
+    """The run's plans, merged (a later command's jobs over an earlier one's): `fab runs` reads a run's
+    settings, chips and durable copies from it after the next run's plan replaced plan.json."""
+    path = layout.run_plan(plan["run"])
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    kept = read_json(path) or {}
+    jobs = {job["name"]: job for job in [*kept.get("jobs", []), *plan["jobs"]]}
+    copies = [*kept.get("kept_by", []), *((plan.get("autostop") or {}).get("kept_by") or [])]
+    write_json(
+        path,
+        {
+            "run": plan["run"],
+            "settings": plan.get("settings", []),
+            "chips": (plan.get("preflight") or {}).get("chips"),
+            "jobs": list(jobs.values()),
+            "kept_by": list(dict.fromkeys(copies)),
+        },
+    )
+    faults.point("driver.kept-run-plan")
 
 
 def would_start(plan: dict) -> list[str]:
@@ -710,7 +735,7 @@ def _same_file(handle, path: str) -> bool:
 def main(argv: list[str]) -> int:
     os.umask(0o077)
     command, args = (argv[0], argv[1:]) if argv else ("help", [])
-    if command not in ("start", "follow", "wake", "revive", "hold", "run") or not args:
+    if command not in ("start", "follow", "wake", "revive", "hold", "run", "runs") or not args:
         print(__doc__, file=sys.stderr)
         return 64
     layout = Layout(os.path.expanduser(args[0]))
@@ -719,6 +744,9 @@ def main(argv: list[str]) -> int:
             return run(layout, "--autostop" in args[1:])
         if command == "hold":
             return hold(layout)
+        if command == "runs":
+            print(json.dumps(inventory.runs(layout, json.loads(args[1]))))
+            return 0
         if command in ("wake", "revive"):
             print(json.dumps(wake(layout) if command == "wake" else revive(layout, "--boot" in args[1:])))
             return 0

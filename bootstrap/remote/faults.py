@@ -61,8 +61,10 @@ POINTS = (
     "envcache.removed-old",
     "envcache.moved-into-place",
     "envcache.linked-python",
-    # driver.start: the plan written, the last pass's events kept aside (the current run: record_run)
+    # driver.start: the plan written (and kept as the run's), the last pass's events kept aside (the current
+    # run: record_run)
     "driver.wrote-plan",
+    "driver.kept-run-plan",
     "driver.rotated-events",
     # driver.Driver.save: driver.json (the pipeline's state), saved at each change
     "driver.saved",

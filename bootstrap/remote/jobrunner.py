@@ -104,6 +104,7 @@ class Layout:
         self.lock = f"{self.root}/lock"  # held by the pipeline driver for as long as it runs
         self.current_run = f"{self.root}/current-run"
         self.pipeline = f"{self.root}/pipeline"  # the driver's plan, state and events (driver.py)
+        self.runs = f"{self.root}/runs"  # a folder a run, its jobs' folders in it
 
     def setup(self, digest: str) -> str:
         """The environment build for one spec: the same spec again finds it done."""
@@ -114,7 +115,12 @@ class Layout:
         return f"{self.root}/shared/{job}-{key}"
 
     def run_job(self, run: str, job: str) -> str:
-        return f"{self.root}/runs/{run}/{job}"
+        return f"{self.runs}/{run}/{job}"
+
+    def run_plan(self, run: str) -> str:
+        """What the driver was handed for a run (its jobs, settings and durable copies, merged over the fab
+        commands that drove it): `fab runs` reads a run's settings and copies there after the next plan came."""
+        return f"{self.pipeline}/runs/{run}.json"
 
     def from_bucket(self, url: str) -> str:
         """A copy on the VM of a folder in the bucket (a run's TensorBoard events), for fab to download; named

@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..paths import runs_dir
-from ..remote import evals
 
 CURRENT = "current"
 _UMASK = os.umask(0o22)  # read once, at import (setting it is process-wide), and put back at once
@@ -109,23 +108,3 @@ def all_records() -> list[RunRecord]:
 
 def _started(record: RunRecord) -> float | None:
     return min((j["started"] for j in record.jobs.values() if j.get("started")), default=None)
-
-
-def overview(record: RunRecord) -> dict:
-    """One run for `fab runs`: when, how far, with what settings, what it scored, what it cost, where its model is."""
-    result = evals.outcome(record.evals) or {}
-    starts = [j["started"] for j in record.jobs.values() if j.get("started")]
-    ends = [j["finished"] for j in record.jobs.values() if j.get("finished")]
-    hours = (max(ends) - min(starts)) / 3600 if starts and ends else None
-    unfinished = [f"{name} {job['state']}" for name, job in record.jobs.items() if job.get("state") != "done"]
-    return {
-        "run": record.name,
-        "started": datetime.fromtimestamp(min(starts), UTC).strftime("%Y-%m-%d %H:%M") if starts else None,
-        "state": ", ".join(unfinished) or ("done" if record.jobs else "not started"),
-        "settings": record.settings,
-        "accuracy": [result["before"], result["after"]] if result else None,
-        "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
-        "mean_reward": result.get("mean_reward_after"),
-        "chip_hours": round(hours * record.chips, 2) if hours is not None and record.chips else None,
-        "kept": record.results or {},
-    }

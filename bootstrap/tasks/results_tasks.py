@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from fabric import task
+from fabric import Connection, task
 from rich.table import Table
 
+from .. import secrets
 from ..errors import UserError
-from ..paths import runs_dir
+from ..jobs import load
+from ..jobs.plan import Plan, build
+from ..paths import jobs_dir, runs_dir
 from ..remote import attempts
-from ..results import runs
-from ..results.publish import hub_job, report
-from ..vm import pipeline
+from ..remote.jobrunner import Layout
+from ..results import runs, side_by_side
+from ..results.publish import durable_overrides, hub_job, report
+from ..vm import connect, pipeline
 from ..vm.machine import Vm
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
@@ -99,30 +105,64 @@ def publish(c, arg=None, run_name=None):
 @task(name="runs", help={"json_": "print JSON (one object a run) instead of a table"})
 @reports_errors
 def list_runs(c, json_=False):
-    """This machine's runs side by side: settings, before -> after accuracy, chip-hours, where the model is."""
-    rows = [runs.overview(record) for record in runs.all_records()]
+    """This stack's runs side by side, from this machine's records, the VM and its bucket: settings, before -> after
+    accuracy, chip-hours, where the model is."""
+    say = (lambda text: print(text, file=sys.stderr)) if json_ else console.print
+    files = load.read(jobs_dir())
+    try:
+        found, host, now, chips = _listed(c, files, say)
+    except UserError as err:  # no stack, a stopped VM, no connection: this machine's records still are a list
+        say(f"the VM and its bucket were not read: {secrets.redact(str(err))}")
+        found, host, now, chips = None, "", lambda run, settings: None, 0
+    if found and found.get("bucket_error"):
+        say(f"the bucket was not read: {found['bucket_error']}")
+    rows = side_by_side.rows(runs.all_records(), found, now, chips, host)
     if json_:
         print(json.dumps(rows, indent=1))
         return
     if not rows:
-        console.print(f"no runs recorded in {runs_dir()} yet: fab train starts one")
+        console.print(f"no runs recorded in {runs_dir()}{f' or on {host}' if host else ''} yet: fab train starts one")
         return
-    table = Table(title=f"runs recorded in {runs_dir()}")
-    for column in ("run", "started", "state", "settings", "accuracy %", "format %", "reward", "chip-h", "model"):
+    table = Table(title=f"runs recorded in {runs_dir()}{f', on {host} and in its bucket' if host else ''}")
+    columns = ("run", "known", "started", "state", "settings", "accuracy %", "format %", "reward", "chip-h", "model")
+    for column in columns:
         table.add_column(column)
     for row in rows:
         table.add_row(
             row["run"],
+            ", ".join(row["known"]),
             row["started"] or "-",
             row["state"],
-            "\n".join(row["settings"]) or "(defaults)",
+            "(unknown)" if row["settings"] is None else "\n".join(row["settings"]) or "(defaults)",
             _pair(row["accuracy"], ".1f"),
             _pair(row["format_accuracy"], ".0f"),
             f"{row['mean_reward']:.3f}" if row["mean_reward"] is not None else "-",
             f"{row['chip_hours']:.2f}" if row["chip_hours"] is not None else "-",
-            "\n".join(f"{where}" for where in row["kept"].values()) or "VM only",
+            "\n".join(row["kept"].values()) or ("-" if found else "VM only"),
         )
     console.print(table)
+
+
+def _listed(c, files: load.JobFiles, say) -> tuple[dict, str, Callable, int]:
+    """What the VM and its bucket hold of every run, in one round trip (the install's, with current tools); the
+    VM's name; what jobs/ renders now for a run and its --args (None: it no longer renders); its chips."""
+    outputs = None if isinstance(c, Connection) else connect.stack_outputs()
+    if outputs and outputs.get("backend") == "gke":
+        raise UserError("a gke stack: fab runs reads the vm backend's VM and bucket only")
+    spec = load.resolve(files, []).spec
+    durable = durable_overrides(spec, outputs)
+    conn = connect.connection(c, say, outputs)
+    vm = Vm(connect.open_connection(conn, outputs), Layout(spec.vm.state_dir))
+    request = side_by_side.request(build(files, durable), outputs)
+    vm.install(runs=request)
+
+    def now(run: str, settings: list[str]) -> Plan | None:
+        try:
+            return build(files, [*durable, *settings], run)
+        except UserError:
+            return None
+
+    return vm.runs(request), vm.name, now, spec.vm.chips
 
 
 def _pair(values: list[float] | None, form: str) -> str:

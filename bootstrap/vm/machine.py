@@ -36,6 +36,7 @@ TOOLS = (
     "retry.py",
     "faults.py",
     "driver.py",
+    "inventory.py",
     "evals.py",
     "maxtext_check.py",
     "envcheck.py",
@@ -120,6 +121,7 @@ class Vm:
         self.clean = cleaner or Cleaner()
         self.pipeline: dict | None = None  # the VM's pipeline as `install` found it (driver.py's record)
         self.read_ahead: tuple[tuple[str, ...], list[JobStatus]] | None = None  # job states `install` read
+        self.runs_ahead: dict | None = None  # the runs `install` listed (driver.py runs)
         # what `install` found, for `prepare` and `fab status`
         self.facts: dict = {"digests": {}, "modes": {}, "startup": startup.Startup(startup.StartupState.RUNNING)}
 
@@ -199,12 +201,17 @@ class Vm:
     # --- the interface ------------------------------------------------------------------------
 
     def install(
-        self, secrets: dict[str, str] | None = None, startup_marker: str = "", read_ahead: tuple[str, ...] = ()
+        self,
+        secrets: dict[str, str] | None = None,
+        startup_marker: str = "",
+        read_ahead: tuple[str, ...] = (),
+        runs: dict | None = None,
     ) -> str | None:
         """One round trip: the private state folder, tpu-rl's tools put only when they changed, the pipeline
         woken (a fab command is here: autostop waits again, a driver that died starts again), what `prepare`
-        needs to know (the stored secrets' hashes and modes, the startup script's marker), and the states of
-        the job folders `read_ahead` names (the run this machine expects: `states` then needs no round trip).
+        needs to know (the stored secrets' hashes and modes, the startup script's marker), the states of
+        the job folders `read_ahead` names (the run this machine expects: `states` then needs no round trip),
+        and with a `runs` request, every run the VM and its bucket hold (`runs` then needs none).
 
         Returns the VM's current run (the one later commands continue), if any; keeps the pipeline's state.
         """
@@ -219,6 +226,8 @@ class Vm:
             facts += f" {startup.facts_command(startup_marker)};"
         if read_ahead:  # by these tools only: an older jobrunner's answer is not read
             facts += f" {current} && printf 'states %s\\n' \"$({self.runner('status', *read_ahead)})\";"
+        if runs is not None:
+            facts += f" {current} && printf 'runs %s\\n' \"$({self.runs_command(runs)})\";"
         out = self.check(
             f"umask 077 && mkdir -p {q(bin_dir)} {q(secrets_dir)} && chmod 700 {q(root)} {q(bin_dir)} {q(secrets_dir)}"
             f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
@@ -249,6 +258,9 @@ class Vm:
         states = next((line[len("states ") :] for line in out.splitlines() if line.startswith("states [")), None)
         if read_ahead and states and not changed:
             self.read_ahead = (tuple(read_ahead), [JobStatus.from_json(item) for item in json.loads(states)])
+        listed = next((line[len("runs ") :] for line in out.splitlines() if line.startswith("runs {")), None)
+        if runs is not None and listed and not changed:
+            self.runs_ahead = json.loads(listed)
         return _field(out, "current-run")
 
     def wake_command(self) -> str:
@@ -285,6 +297,17 @@ class Vm:
             return ahead[1]
         out = self.check(self.runner("status", *job_dirs), "reading job state")
         return [JobStatus.from_json(item) for item in json.loads(out)]
+
+    def runs_command(self, request: dict) -> str:
+        return self.runner("runs", self.layout.root, json.dumps(request), tool="driver.py")
+
+    def runs(self, request: dict) -> dict:
+        """Every run the VM's state folder and its bucket hold (driver.py runs): read with `install` when it
+        listed them, else in one round trip."""
+        ahead, self.runs_ahead = self.runs_ahead, None
+        if ahead is not None:
+            return ahead
+        return json.loads(self.check(self.runs_command(request), "listing the runs"))
 
     def follow(
         self, job_dir: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None, tail=False

@@ -98,6 +98,7 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
         "digest": digest,
         "hint": session.hint(task),
         "started_by": owner(),
+        "settings": list(session.overrides),  # the --args, kept with the run's plan on the VM (fab runs)
         "autostop": {
             "idle_seconds": idle,
             "why": why,

@@ -7,9 +7,11 @@ import sys
 import threading
 from pathlib import Path
 
+from bootstrap.jobs import load
+from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import evals
-from bootstrap.results import runs
+from bootstrap.remote import attempts, evals, inventory
+from bootstrap.results import runs, side_by_side
 from bootstrap.results.runs import RunRecord
 
 
@@ -78,3 +80,81 @@ def test_fab_runs_puts_this_machines_runs_side_by_side(tmp_path, monkeypatch):
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "COLUMNS": "200"},
     )  # fmt: skip
     assert table.returncode == 0 and "r1" in table.stdout and "45.5 -> 60.7" in table.stdout
+
+
+def test_one_row_a_run_merged_from_the_laptop_the_vm_and_the_bucket():
+    """The laptop kept the base model's eval (a lost VM's first attempt), the VM the eval after training, the
+    bucket the checkpoints and the copy: one row with each number from where it was kept."""
+    before = {"phase": "pre", "step": None, "total": 1319.0, "accuracy": 45.5, "format_accuracy": 70.0}
+    after = {**before, "phase": "post", "accuracy": 60.7, "format_accuracy": 95.0, "mean_reward": 0.4}
+    laptop = RunRecord(
+        "r1", jobs={"train": {"state": "failed", "started": 1000.0}}, evals=[{**before, "mean_reward": 0.1}]
+    )
+    laptop.chips, laptop.settings = 8, ["vars.num_batches=9"]
+    listed = {
+        "runs": {
+            "r1": {
+                "vm": {
+                    "jobs": {"train": {"state": "done", "started": 2800.0, "finished": 4600.0}},
+                    "settings": ["vars.num_batches=2"],
+                    "evals": [after],
+                    "markers": {"publish-hub-me--m": {"url": "https://huggingface.co/me/m"}},
+                    "export": "/dev/shm/m/hf-trained/r1",
+                },
+                "bucket": {
+                    "steps": [4, 6],
+                    "attempts": [{"started": 1010.0}, {"started": 2800.0}],
+                    "copies": ["gs://b/r1/ab"],
+                },
+            },
+            "r2": {
+                "bucket": {"steps": [2], "attempts": [{"started": 50.0}], "records": {"train": {"finished": 3650.0}}}
+            },
+        }
+    }
+    rows = {row["run"]: row for row in side_by_side.rows([laptop], listed, chips=4, host="vm")}
+    assert rows["r1"]["known"] == ["laptop", "VM", "bucket"]
+    assert rows["r1"]["accuracy"] == [45.5, 60.7] and rows["r1"]["format_accuracy"] == [70.0, 95.0]
+    assert rows["r1"]["mean_reward"] == 0.4 and rows["r1"]["state"] == "done"
+    assert rows["r1"]["settings"] == ["vars.num_batches=2"]  # the VM's plan is the later word
+    assert rows["r1"]["chip_hours"] == round((4600 - 1000) / 3600 * 8, 2)  # from the laptop's first start
+    assert rows["r1"]["kept"] == {
+        "publish-hub-me--m": "https://huggingface.co/me/m",
+        "bucket": "gs://b/r1/ab",
+        "vm": "vm:/dev/shm/m/hf-trained/r1",
+    }
+    assert rows["r1"]["checkpoint_step"] == 6 and rows["r1"]["train_starts"] == 2
+    assert rows["r2"]["known"] == ["bucket"] and rows["r2"]["state"] == "train done, checkpoint of step 2"
+    assert rows["r2"]["chip_hours"] == 4.0 and rows["r2"]["settings"] is None  # the stack's chips, from its record
+    assert [row["run"] for row in side_by_side.rows([laptop], listed)] == ["r2", "r1"]  # oldest first
+    alone = side_by_side.rows([laptop], None)  # the VM not read: this machine's record as it is
+    assert [(row["run"], row["known"], row["state"], row["settings"]) for row in alone] == [
+        ("r1", ["laptop"], "train failed", ["vars.num_batches=9"])
+    ]
+
+
+def test_the_settings_a_run_had_that_jobs_renders_otherwise_now_are_its_yaml_changes():
+    files = load.read(REPO / "jobs")
+    then = build(files, ["train.num_test_batches=5", "train.env.STANDIN=1"], "r1")
+    specs = {job.name: {"argv": job.runner_spec["argv"], "env": job.runner_spec["env"]} for job in then.jobs}
+    assert side_by_side.yaml_changes(specs, build(files, [], "r1")) == [
+        "train.num_test_batches=5",
+        "train.env.STANDIN=1",
+    ]
+    assert side_by_side.yaml_changes(specs, then) == []
+    assert side_by_side.yaml_changes(specs, None) == []  # jobs/ no longer renders it: nothing to compare
+
+
+def test_the_places_sent_to_the_vm_are_the_plans_own_paths_for_any_run():
+    files = load.read(REPO / "jobs")
+    durable = ["vars.durable_dir=gs://b/p/m"]
+    sent = side_by_side.request(build(files, durable), None)
+    places, placeholder = sent["places"], sent["placeholder"]
+    plan = build(files, durable, "r7")
+    train = plan.job("train")
+    assert places[inventory.CHECKPOINTS].replace(placeholder, "r7") == train.rendered.env[attempts.CHECKPOINTS_ENV]
+    assert places[inventory.ATTEMPTS].replace(placeholder, "r7") == f"{train.rendered.env[attempts.DIR_ENV]}/*.json"
+    assert places[inventory.RECORDS] == [train.runner_spec["record"].replace("r7", placeholder)]
+    assert places[inventory.EVALS].replace(placeholder, "r7") == f"{train.job_dir}/log"
+    assert places[inventory.EXPORT].replace(placeholder, "r7") == f"{plan.export_folder()}/SHA256SUMS"
+    assert inventory.COPIES not in places  # results.gcs unset: no copies to look for

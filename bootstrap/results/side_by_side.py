@@ -1,0 +1,138 @@
+"""`fab runs`: this machine's run records, what the VM holds and what the bucket holds, one row a run.
+
+Where a run's things are is never spelled here: the plan is rendered for a placeholder run name
+and its paths go to the VM as places (remote/inventory.py reads them there, the bucket with the
+VM's service account); the rows merge the three by run name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from ..jobs.plan import PLACEHOLDER_RUN, Plan
+from ..remote import attempts, evals, inventory, manifest
+from ..remote.jobrunner import LOG
+from .publish import gcs_url
+from .runs import RunRecord
+
+
+def request(plan: Plan, outputs: dict | None) -> dict:
+    """Where the plan, rendered for PLACEHOLDER_RUN, puts each run's evals, export, checkpoints, starts, records
+    of done and copies of the export: driver.py's `runs` request."""
+    if plan.run_name != PLACEHOLDER_RUN:
+        raise ValueError(f"the places come from the plan for {PLACEHOLDER_RUN}, not {plan.run_name}")
+    trainer = next((job for job in plan.jobs if job.rendered and job.rendered.progress), None)
+    places = {
+        inventory.RECORDS: [
+            job.runner_spec["record"] for job in plan.jobs if job.runner_spec.get("record") and not job.shared
+        ]
+    }
+    if trainer is not None:
+        env = trainer.rendered.env
+        places[inventory.EVALS] = f"{trainer.job_dir}/{LOG}"
+        places[inventory.CHECKPOINTS] = env.get(attempts.CHECKPOINTS_ENV, "")
+        places[inventory.ATTEMPTS] = f"{env[attempts.DIR_ENV]}/*.json" if env.get(attempts.DIR_ENV) else ""
+    if "export" in plan.names:
+        places[inventory.EXPORT] = f"{plan.export_folder()}/{manifest.NAME}"
+    if plan.spec.results.gcs:
+        places[inventory.COPIES] = f"{gcs_url(plan, outputs)}/*/{manifest.NAME}"
+    return {"placeholder": PLACEHOLDER_RUN, "places": {key: place for key, place in places.items() if place}}
+
+
+def yaml_changes(specs: dict[str, dict], now: Plan | None) -> list[str]:
+    """`JOB.WORD` for each argument (and `JOB.env.NAME=VALUE` for each variable) a run's planned jobs had that
+    jobs/ renders differently now for that run and its --args: the YAML changes since, or before it."""
+    if now is None:
+        return []
+    rendered = {job.name: job.runner_spec for job in now.jobs if job.rendered is not None}  # the YAML's jobs
+    changes = []
+    for name, spec in specs.items():
+        if name not in rendered:
+            continue
+        default_argv, default_env = set(rendered[name].get("argv") or []), rendered[name].get("env") or {}
+        changes += [f"{name}.{word}" for word in spec.get("argv") or [] if word not in default_argv]
+        env = spec.get("env") or {}
+        changes += [f"{name}.env.{key}={value}" for key, value in env.items() if default_env.get(key) != value]
+    return changes
+
+
+def _settings(record: RunRecord | None, vm: dict) -> list[str] | None:
+    """The --args the run was last driven with: as the VM kept them with its plan, else as this machine noted
+    (None: neither knows, a run known from the bucket alone)."""
+    return vm["settings"] if vm.get("settings") is not None else (record.settings if record else None)
+
+
+def _hours(starts: list[float], ends: list[float], chips: int) -> float | None:
+    return round((max(ends) - min(starts)) / 3600 * chips, 2) if starts and ends and chips else None
+
+
+def _state(jobs: dict[str, dict], bucket: dict) -> str:
+    unfinished = [f"{name} {job['state']}" for name, job in jobs.items() if job.get("state") != "done"]
+    if jobs:
+        return ", ".join(unfinished) or "done"
+    said = [f"{job} done" for job, record in bucket.get("records", {}).items() if record]
+    said += [f"checkpoint of step {bucket['steps'][-1]}"] if bucket.get("steps") else []
+    return ", ".join(said) or ("started" if bucket.get("attempts") else "not started")
+
+
+def _kept(record: RunRecord | None, vm: dict, bucket: dict, host: str) -> dict[str, str]:
+    """Where the model is: the laptop's record of the durable copies, the VM's markers of them (a Hub commit's
+    URL, or why it was held back), the bucket's copies, the VM's own export."""
+    kept = dict(record.results) if record else {}
+    for job, marker in vm.get("markers", {}).items():
+        kept[job] = f"held back: {marker['held']}" if marker.get("held") else marker.get("url", "")
+    if copies := [c for c in bucket.get("copies", []) if c not in kept.values()]:
+        kept["bucket"] = ", ".join(copies)
+    if vm.get("export"):
+        kept["vm"] = f"{host}:{vm['export']}"
+    return {job: place for job, place in kept.items() if place}
+
+
+def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], chips: int = 0, host: str = "") -> dict:
+    """One run for `fab runs`: when, how far, with what settings, what it scored, what it cost, where its model is,
+    and who knows it (`listed`: what driver.py's `runs` said of it; `chips`: for a run known from the bucket alone)."""
+    vm, bucket = listed.get("vm") or {}, listed.get("bucket") or {}
+    jobs = {**(record.jobs if record else {}), **vm.get("jobs", {})}
+    scored = evals.merged(record.evals if record else [], vm.get("evals", []))
+    result = evals.outcome(scored) or {}
+    every = [*(record.jobs.values() if record else []), *jobs.values(), *bucket.get("attempts", [])]
+    starts = [j["started"] for j in every if j.get("started")]  # the first start anywhere (a lost VM's too)
+    ends = [j["finished"] for j in jobs.values() if j.get("finished")]
+    ends = ends or [r["finished"] for r in bucket.get("records", {}).values() if r and r.get("finished")]
+    settings = _settings(record, vm)
+    known = [where for where, found in (("laptop", record), ("VM", "vm" in listed), ("bucket", bucket)) if found]
+    return {
+        "run": name,
+        "known": known,
+        "started": datetime.fromtimestamp(min(starts), UTC).strftime("%Y-%m-%d %H:%M") if starts else None,
+        "state": _state(jobs, bucket),
+        "settings": None if settings is None else list(dict.fromkeys([*settings, *changes])),
+        "accuracy": [result["before"], result["after"]] if result else None,
+        "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
+        "mean_reward": result.get("mean_reward_after"),
+        "chip_hours": _hours(starts, ends, (record.chips if record else 0) or vm.get("chips") or chips),
+        "checkpoint_step": bucket["steps"][-1] if bucket.get("steps") else None,
+        "train_starts": len(bucket.get("attempts", [])) or None,
+        "kept": _kept(record, vm, bucket, host),
+    }
+
+
+def rows(
+    records: list[RunRecord],
+    found: dict | None,
+    now: Callable[[str, list[str]], Plan | None] = lambda run, settings: None,
+    chips: int = 0,
+    host: str = "",
+) -> list[dict]:
+    """Every run the laptop, the VM and the bucket know, oldest first (`found`: driver.py's `runs` answer, None
+    when the VM was not read; `now(run, settings)`: what jobs/ renders for that run today)."""
+    listed = (found or {}).get("runs", {})
+    by_name = {record.name: record for record in records}
+    made = []
+    for name in [*by_name, *sorted(set(listed) - set(by_name))]:
+        here, record = listed.get(name, {}), by_name.get(name)
+        vm = here.get("vm") or {}
+        changes = yaml_changes(vm["specs"], now(name, _settings(record, vm) or [])) if vm.get("specs") else []
+        made.append(row(name, record, here, changes, chips, host))
+    return sorted(made, key=lambda r: (r["started"] or "", r["run"]))
