@@ -14,12 +14,12 @@ from rich.console import Console
 from .. import secrets
 from ..errors import StoppedWatching, UserError
 from ..jobs import load
-from ..jobs.plan import DURABLE_DIR, build, check_local, check_run_name, secret_sources
+from ..jobs.plan import DURABLE_DIR, Plan, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
 from ..remote import gcs
 from ..remote.jobrunner import Layout
 from ..results import runs
-from ..results.publish import durable_overrides
+from ..results.publish import durable_jobs, durable_overrides
 from ..session import Session
 from ..vm import connect
 from ..vm.machine import Vm
@@ -103,7 +103,7 @@ def open_session(
         source = f"{driver.name}:{driver.layout.current_run}"
     durable = [] if target else durable_overrides(pipeline.spec, outputs)
     expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
-    ahead = tuple(job.job_dir for job in build(files, [*durable, *overrides], expected).jobs) if expected else ()
+    ahead = _read_ahead(build(files, [*durable, *overrides], expected), outputs, runs_jobs) if expected else ()
     current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
     if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
         # A VM with no run of its own (a new one, or a -H host recreated): the run this machine last handed to that
@@ -128,6 +128,13 @@ def open_session(
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
         session.check_token()
     return session
+
+
+def _read_ahead(plan: Plan, outputs: dict | None, runs_jobs: bool) -> tuple[str, ...]:
+    """The job folders whose states the install reads for the run expected: its jobs, and for a command that
+    runs them the durable copies too (a no-op `fab train` then knows in that one round trip)."""
+    jobs = [*plan.jobs, *(durable_jobs(plan, outputs) if runs_jobs else [])]
+    return tuple(job.job_dir for job in jobs)
 
 
 def durable_dir(files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str]) -> str:

@@ -23,7 +23,7 @@ DETACH_HELP = "return as soon as the pipeline runs on the VM (watch it later wit
 
 def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False, recover=False) -> None:
     """Bring the selected jobs (all by default, and then the durable copies) to done on the VM."""
-    session = open_session(c, arg or [], run_name, new_run, recover=recover)
+    session = open_session(c, arg or [], run_name, new_run, recover=recover, reads_states=True)
     plan = session.plan
     names = plan.names if only is None else [n for n in plan.names if n in (SETUP, *only)]
     if not names:  # `fab setup` on gke: the image is the environment

@@ -290,11 +290,17 @@ class Vm:
         """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""
         return path[2:] if path.startswith("~/") else path
 
+    def states_read_ahead(self, job_dirs: list[str]) -> list[JobStatus] | None:
+        """The jobs' states as `install` read them, if it read every one of these folders; no round trip.
+        Read once: later states are read again."""
+        ahead, self.read_ahead = self.read_ahead, None
+        known = dict(zip(*ahead, strict=True)) if ahead else {}
+        return [known[job_dir] for job_dir in job_dirs] if all(d in known for d in job_dirs) else None
+
     def states(self, job_dirs: list[str]) -> list[JobStatus]:
         """The jobs' states: read with `install` when it read these folders ahead, else in one round trip."""
-        ahead, self.read_ahead = self.read_ahead, None
-        if ahead and ahead[0] == tuple(job_dirs):
-            return ahead[1]
+        if (ahead := self.states_read_ahead(job_dirs)) is not None:
+            return ahead
         out = self.check(self.runner("status", *job_dirs), "reading job state")
         return [JobStatus.from_json(item) for item in json.loads(out)]
 

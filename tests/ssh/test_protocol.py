@@ -307,8 +307,9 @@ def test_a_download_keeps_the_vm_from_autostop_until_it_ends(ssh_host, tmp_path)
     wait_for(lambda: not in_use(), 30, "the hold to end with the download")
 
 
-def test_fab_status_is_one_round_trip_and_a_no_op_train_two(fab: Fab):
-    """Counted by the real sshd: the install reads the expected run's job states too."""
+def test_fab_status_and_a_no_op_train_are_one_round_trip_each(fab: Fab):
+    """Counted by the real sshd: the install reads the expected run's job states too, and a train whose plan
+    the VM's driver already brought to done, its outputs still there, hands nothing over."""
     assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
     before = round_trips(fab.host)
     status = fab("status", "--arg", "vars.num_batches=2")
@@ -318,4 +319,12 @@ def test_fab_status_is_one_round_trip_and_a_no_op_train_two(fab: Fab):
     before = round_trips(fab.host)
     again = fab("train", "--arg", "vars.num_batches=2")
     assert again.returncode == 0 and "export: done already" in again.stdout
-    assert round_trips(fab.host) - before == 2  # the install, then the plan handed to the driver
+    assert "nothing to start" in again.stdout
+    assert round_trips(fab.host) - before == 1
+    exported = next((fab.tmp / "shm").glob("*/hf-trained/*/config.json"))
+    exported.unlink()  # an output gone since (the export in /dev/shm after a reboot): driven again, not a no-op
+    before = round_trips(fab.host)
+    redone = fab("train", "--arg", "vars.num_batches=2")
+    assert redone.returncode == 0 and "nothing to start" not in redone.stdout, redone.stdout
+    assert "export: done in" in redone.stdout and exported.exists(), redone.stdout
+    assert round_trips(fab.host) - before >= 2
