@@ -5,8 +5,11 @@ warmup_cosine_decay_schedule) over `learning_rate_schedule_steps`, or over the r
 length (num_batches x rl.num_iterations x train_fraction x num_epoch) when that is not
 positive. MaxText 0.2.3 rewrites an unset (-1) value to `steps` (base.yml's 150001) before
 the trainer sees it, so a 50-step run warms up over 15,000 steps and never gets above 0.33%
-of its learning rate. 0.2.4 takes a length equal to `steps` for "unset" and uses the run's
-length. `0` means the run's length in every version. This module replays that arithmetic, with
+of its learning rate. From 0.2.4 train_rl reads its arguments into types.RLConfig, which sets an
+unset value, and `steps` itself, to the run's length before get_optimizer compares the two: any
+positive length is then used as given (base.yml's 150001, or one equal to a `steps` argument, too).
+`0` means the run's length in every version (the real 0.2.3 and 0.2.5 agree: tests/maxtext_cpu,
+test_the_local_schedule_is_maxtexts_own). This module replays that arithmetic, with
 the defaults of the version the environment installs, so that `fab plan` can show the schedule
 and a schedule that cannot train is refused before anything is spent.
 """
@@ -23,7 +26,7 @@ KEY = "learning_rate_schedule_steps"
 FIX = f"set {KEY}: 0 (MaxText then sizes the schedule to the run, as jobs/train.yaml ships it)"
 LOWEST_PEAK_FRACTION = 0.5  # a run whose highest learning rate stays below this share of the peak is refused
 MAX_STEPS = 10**9
-FIXED_IN = (0, 2, 4)  # from this MaxText version on, a length equal to `steps` also means the run's length
+FIXED_IN = (0, 2, 4)  # from this MaxText version on, an unset (-1) length is the run's length, not `steps`
 STEP_KEYS = (("num_batches", int), ("rl.num_iterations", int), ("train_fraction", float), ("num_epoch", int))
 
 
@@ -132,11 +135,11 @@ def of(maxtext: MaxText, module: str | None, args: dict[str, str]) -> Schedule |
     fraction = _value(maxtext, args, module, "warmup_steps_fraction", float)
     if None in (steps, length, config_steps, peak, fraction) or not 0 < steps <= MAX_STEPS:
         return None
-    unset = length == -1
+    unset = length == -1 and maxtext.release < FIXED_IN
     if unset:
-        length = config_steps  # configs/types.py: learning_rate_schedule_steps = steps
-    if length <= 0 or (maxtext.release >= FIXED_IN and length == config_steps):
-        length, unset = steps, False  # utils_rl.get_optimizer: the run's own length
+        length = config_steps  # 0.2.3's configs/types.py: learning_rate_schedule_steps = steps
+    if length <= 0:
+        length = steps  # utils_rl.get_optimizer (from 0.2.4 -1 too, which RLConfig sets to it): the run's own length
     return Schedule(steps, length, int(fraction * length), peak, unset, maxtext.version)
 
 

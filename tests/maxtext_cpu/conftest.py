@@ -1,4 +1,5 @@
-"""The real MaxText 0.2.3 pipeline on CPU through the product: `pytest -m maxtext tests/maxtext_cpu`."""
+"""The real MaxText pipeline on CPU through the product, once per release in RELEASES:
+`pytest -m maxtext tests/maxtext_cpu` (`-k 0.2.5` for one release)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
 
 HERE = Path(__file__).resolve().parent
 # Cached between runs like the validator's venv: the setup job keeps a venv already built for its spec.
-VENV = Path(os.environ.get("TPU_RL_CPU_VENV") or Path.home() / ".cache" / "tpu-rl" / "maxtext-0.2.3-cpu")
+VENVS = Path(os.environ.get("TPU_RL_CPU_VENVS") or Path.home() / ".cache" / "tpu-rl")
 HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # no TPU, no Hub
 TINY = [
     "override_model_config=True",
@@ -26,6 +28,43 @@ TINY = [
     "base_mlp_dim=128",
     "vocab_size=512",
 ]
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the CPU tier does differently for one MaxText release; everything else is the same."""
+
+    version: str
+    pins: tuple[str, ...] = ()  # its CPU dependencies beyond requirements-cpu.txt
+    train: tuple[str, ...] = ()  # train settings that name one thing differently in this release
+    unset_schedule_peak: float = 0.0  # the shipped run's highest learning rate with learning_rate_schedule_steps=-1
+
+    @property
+    def venv(self) -> Path:
+        return VENVS / f"maxtext-{self.version}-cpu"
+
+
+RELEASES = {
+    release.version: release
+    for release in (
+        Release(
+            "0.2.3",
+            train=(
+                "debug.rl=false",
+                "use_standalone_converter=true",  # the branch that takes a rollout class: the CPU sampler
+            ),
+            unset_schedule_peak=9.8e-9,  # -1 is base.yml's steps=150001: the reference's schedule, as the check says
+        ),
+        Release(
+            "0.2.5",
+            pins=("drjax==0.2.1",),  # imported by the trainer's model code from 0.2.4 on
+            train=("debug=false",),  # a flag of RLConfig; train_rl always takes the rollout class
+            unset_schedule_peak=3e-6,  # -1 is the run's own length: rl.yml's learning_rate is reached
+        ),
+    )
+}
+DEFAULT = RELEASES["0.2.3"]
+VENV = DEFAULT.venv  # the benchmarks' venv
 
 
 def pytest_collection_modifyitems(items):
@@ -51,21 +90,22 @@ ACCEPTED_CONFLICTS = [
 ]
 
 
-def environment() -> dict:
-    """maxtext 0.2.3 without extras, the CPU dependency set (pinned), tunix without its dependencies; the
-    environment check proves the tunix it installs (no vLLM, no tpu-inference: the CPU rollout replaces them)."""
+def environment(release: Release = DEFAULT) -> dict:
+    """maxtext without extras, the CPU dependency set (pinned), tunix 0.1.7 (PyPI's newest) without its
+    dependencies; the environment check proves the tunix it installs (no vLLM, no tpu-inference: the CPU
+    rollout replaces them)."""
     pins = (HERE / "requirements-cpu.txt").read_text().split()
     return {
         "python": "3.12",
-        "venv": str(VENV),
-        "packages": ["maxtext==0.2.3", *pins],
+        "venv": str(release.venv),
+        "packages": [f"maxtext=={release.version}", *pins, *release.pins],
         "post_install": ["uv pip install --no-deps google-tunix==0.1.7"],
         "check_packages": {"google-tunix": "==0.1.7"},
         "accepted_conflicts": ACCEPTED_CONFLICTS,
     }
 
 
-def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
+def overrides(inputs: Path, num_batches: int = 4, release: Release = DEFAULT) -> list[str]:
     """What a user passes with --arg to run the shipped jobs on the tiny model, on CPU."""
     args = [f"{job}.{setting}" for job in ("convert", "train", "export") for setting in TINY]
     return [
@@ -95,8 +135,7 @@ def overrides(inputs: Path, num_batches: int = 4) -> list[str]:
         "train.max_num_checkpoints_to_keep=4",
         "train.eval_interval=2",
         "train.log_period=1",
-        "train.debug.rl=false",
-        "train.use_standalone_converter=true",  # the branch that takes a rollout class: the CPU sampler
+        *(f"train.{setting}" for setting in release.train),
         "train.env.MAXTEXT_CPU_ROLLOUT=1",
         f"train.env.PYTHONPATH={HERE / 'shim'}",
         f"convert.env.PYTHONPATH={HERE / 'shim'}",  # a gs:// folder made as TensorFlow's gfile makes it
@@ -112,15 +151,21 @@ def cpu_host(tmp_path_factory, gcs_emulator):
         yield host
 
 
+@pytest.fixture(scope="session", params=sorted(RELEASES))
+def release(request) -> Release:
+    """Each test of the tier runs once per release (grouped: one release's tests, then the next's)."""
+    return RELEASES[request.param]
+
+
 @contextmanager
-def cpu_fab_at(host, tmp: Path) -> Iterator[Fab]:
-    """fab for the CPU tier, with its own folders in `tmp` ("VM" state, /dev/shm, runs) and the CPU venv."""
+def cpu_fab_at(host, tmp: Path, release: Release = DEFAULT) -> Iterator[Fab]:
+    """fab for the CPU tier, with its own folders in `tmp` ("VM" state, /dev/shm, runs) and the release's venv."""
     state, server = hubstub.serve()
     token = "hf_cpu" + uuid.uuid4().hex
     state.tokens[token] = hubstub.Token()
     jobs = tmp / "jobs"
     write_test_jobs(jobs, tmp, [])
-    edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=environment()))
+    edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=environment(release)))
     edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True, check_environment=True))
     try:
         yield Fab(host, tmp, token, jobs, state)
@@ -129,9 +174,9 @@ def cpu_fab_at(host, tmp: Path) -> Iterator[Fab]:
 
 
 @pytest.fixture(scope="session")
-def cpu_fab(cpu_host, tmp_path_factory) -> Iterator[Fab]:
-    with cpu_fab_at(cpu_host, tmp_path_factory.mktemp("cpu")) as fab:
+def cpu_fab(cpu_host, tmp_path_factory, release: Release) -> Iterator[Fab]:
+    with cpu_fab_at(cpu_host, tmp_path_factory.mktemp(f"cpu-{release.version}"), release) as fab:
         yield fab
 
 
-__all__ = ["REPO", "overrides"]
+__all__ = ["REPO", "Release", "overrides"]

@@ -22,7 +22,7 @@ from bootstrap.remote import gcs, jobrunner
 from bootstrap.remote.driver import PipelineState
 from tests import gcsemulator
 from tests.loopback import Fab, wait_for
-from tests.maxtext_cpu.conftest import HERE, VENV, cpu_fab_at, overrides
+from tests.maxtext_cpu.conftest import HERE, Release, cpu_fab_at, overrides
 from tests.stack import INSTANCE, Stack, lose, wipe
 
 STEPS, LOST_AFTER = 4, 2
@@ -35,21 +35,24 @@ def ended(fab: Fab) -> bool:
 
 
 @pytest.fixture(scope="module")
-def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory) -> dict:
+def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release) -> dict:
     """One run lost after step LOST_AFTER and recovered with `fab train --recover`; what the tests read."""
-    with cpu_fab_at(cpu_host, tmp_path_factory.mktemp("cpu-loss")) as fab, pytest.MonkeyPatch.context() as env:
+    tmp = tmp_path_factory.mktemp(f"cpu-loss-{release.version}")
+    with cpu_fab_at(cpu_host, tmp, release) as fab, pytest.MonkeyPatch.context() as env:
         env.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # where this side reads the bucket
         compute.host_keys[INSTANCE] = [tuple(fab.host.host_key.read_text().split()[:2])]
         stack = Stack(fab, compute, instance_id="1001")
         setup = stack("setup", timeout=1800)
         assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr
         inputs = fab.tmp / "inputs"
-        subprocess.run([VENV / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+        subprocess.run(
+            [release.venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True
+        )
         durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
         hold = fab.tmp / "hold"
         hold.write_text(f"{LOST_AFTER}\n")
         overridden = [
-            *overrides(inputs, STEPS),
+            *overrides(inputs, STEPS, release),
             f"vars.durable_dir={durable}",
             f"train.env.TPU_RL_CPU_HOLD_FILE={hold}",
         ]
@@ -75,6 +78,7 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory) -> dict:
             "fab": fab,
             "gcs_url": gcs_emulator,
             "stack": stack,
+            "venv": release.venv,
             "args": args,
             "inputs": inputs,
             "durable": durable,
@@ -110,7 +114,7 @@ def weights(recovery: dict) -> dict:
     export = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / "r1"
     compare = subprocess.run(
         [
-            VENV / "bin" / "python",
+            recovery["venv"] / "bin" / "python",
             HERE / "compare_weights.py",
             recovery["inputs"] / "hf_model",
             recovery["actor"],

@@ -1,15 +1,18 @@
-"""The real pipeline, end to end, through fab: real `fab setup` of maxtext 0.2.3 from PyPI, then the real
-to_maxtext, train_rl (only vLLM replaced by a CPU sampler, shim/) and to_huggingface on a tiny model.
+"""The real pipeline, end to end, through fab, for each release in conftest.RELEASES: real `fab setup` of
+that maxtext from PyPI, then the real to_maxtext, train_rl (only vLLM replaced by a CPU sampler, shim/) and
+to_huggingface on a tiny model.
 
 The tiny model earns real rewards (make_inputs.py), so these prove the outcome, not only the mechanics:
 GRPO had a learning signal, the learning rate of every update was the one `fab plan` showed (and the one
 MaxText's own optimizer builds), the weights moved, and the export is the final checkpoint.
-The tests share one run (module fixture) and run in file order: the last ones change it.
+The tests share one run per release (module fixture) and run in file order: the last ones change it.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -25,7 +28,7 @@ from bootstrap.jobs.schedule import Schedule
 from bootstrap.paths import REPO
 from bootstrap.remote import evals
 from tests.loopback import Fab
-from tests.maxtext_cpu.conftest import ACCEPTED_CONFLICTS, HERE, VENV, overrides
+from tests.maxtext_cpu.conftest import ACCEPTED_CONFLICTS, HERE, Release, overrides
 
 STEPS = 4
 BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
@@ -36,13 +39,13 @@ def current_run(fab: Fab) -> str:
 
 
 @pytest.fixture(scope="module")
-def run(cpu_fab: Fab) -> dict:
+def run(cpu_fab: Fab, release: Release) -> dict:
     """fab setup, the tiny inputs, then one fab train; everything the tests below read."""
     setup = cpu_fab("setup", timeout=1800)
     assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr
     inputs = cpu_fab.tmp / "inputs"
-    subprocess.run([VENV / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
-    args = [word for override in overrides(inputs, STEPS) for word in ("--arg", override)]
+    subprocess.run([release.venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+    args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]
     train = cpu_fab("train", *args, timeout=1800)
     assert train.returncode == 0, train.stdout[-5000:] + train.stderr
     name = current_run(cpu_fab)
@@ -60,12 +63,12 @@ def metrics(cpu_fab: Fab, run: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def weights(run: dict) -> dict:
+def weights(run: dict, release: Release) -> dict:
     """compare_weights.py on the input model, the actor checkpoints and the export (before any test changes them)."""
     actor = run["work"] / "post-train" / run["run"] / "checkpoints" / "actor"
     export = run["work"] / "hf-trained" / run["run"]
     compare = subprocess.run(
-        [VENV / "bin" / "python", HERE / "compare_weights.py", run["inputs"] / "hf_model", actor, export],
+        [release.venv / "bin" / "python", HERE / "compare_weights.py", run["inputs"] / "hf_model", actor, export],
         capture_output=True,
         text=True,
     )
@@ -80,6 +83,18 @@ def planned_schedule(cpu_fab: Fab, run: dict) -> Schedule:
     (train,) = [job for job in json.loads(plan.stdout)["jobs"] if job["name"] == "train"]
     fields = {k: v for k, v in train["lr_schedule"].items() if k in Schedule.__dataclass_fields__}
     return Schedule(**fields)
+
+
+def shipped_jobs(release: Release) -> load.JobFiles:
+    """The shipped jobs/, with the release's maxtext in place of the one pipeline.yaml pins."""
+    files = load.read(REPO / "jobs")
+    pipeline = copy.deepcopy(files.pipeline)
+    packages = pipeline.data["environment"]["packages"]
+    pipeline.data["environment"]["packages"] = [
+        f"{package.partition('==')[0]}=={release.version}" if package.startswith("maxtext") else package
+        for package in packages
+    ]
+    return dataclasses.replace(files, pipeline=pipeline)
 
 
 def job_log(fab: Fab, run: dict, job: str) -> str:
@@ -173,15 +188,23 @@ def test_every_update_used_the_learning_rate_fab_plan_showed(cpu_fab: Fab, run: 
     assert lr.highest == pytest.approx(3e-4)  # the peak is reached, in the first update here (no warmup in 4 steps)
 
 
-def test_the_local_schedule_is_maxtexts_own(run: dict):
-    """For the shipped job, the reference's unset schedule (which the local check refuses) and changed run
-    lengths: MaxText's pyconfig, get_max_train_steps and get_optimizer, stepped through each run, give the
-    rates the plan predicts. (`run`: fab setup built the venv.)"""
-    cases = [[], ["train.learning_rate_schedule_steps=-1"], ["train.rl.num_iterations=2"], ["train.train_fraction=0.5"]]
-    trains = [build(load.read(REPO / "jobs"), case, "r1").job("train") for case in cases]
+def test_the_local_schedule_is_maxtexts_own(run: dict, release: Release):
+    """For the shipped job on this release, the unset schedule (-1), a length equal to base.yml's `steps`, a
+    `steps` of its own and changed run lengths: MaxText's pyconfig, its count of the run's updates and
+    get_optimizer, stepped through each run, give the rates the plan predicts. (`run`: fab setup built the venv.)"""
+    cases = [
+        [],
+        ["train.learning_rate_schedule_steps=-1"],
+        ["train.rl.num_iterations=2"],
+        ["train.train_fraction=0.5"],
+        ["train.learning_rate_schedule_steps=150001"],
+        ["train.steps=60", "train.learning_rate_schedule_steps=60"],
+    ]
+    jobs = shipped_jobs(release)
+    trains = [build(jobs, case, "r1").job("train") for case in cases]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(HERE / "shim")}
     real = subprocess.run(
-        [VENV / "bin" / "python", HERE / "maxtext_lr.py"],
+        [release.venv / "bin" / "python", HERE / "maxtext_lr.py"],
         input=json.dumps([train.rendered.argv[3:] for train in trains]),
         capture_output=True,
         text=True,
@@ -193,7 +216,7 @@ def test_the_local_schedule_is_maxtexts_own(run: dict):
         lr = train.lr_schedule
         assert maxtext["train_steps"] == lr.train_steps, case
         assert maxtext["rates"] == pytest.approx([lr.rate(s) for s in range(1, lr.train_steps + 1)], rel=1e-5), case
-    assert max(results[1]["rates"]) == pytest.approx(9.8e-9, rel=0.01)  # the reference's, as the check says
+    assert max(results[1]["rates"]) == pytest.approx(release.unset_schedule_peak, rel=0.01)
 
 
 def test_training_moved_the_weights_and_the_export_is_the_final_checkpoint(weights: dict):

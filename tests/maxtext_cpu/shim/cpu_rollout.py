@@ -1,9 +1,9 @@
 """A plain-JAX rollout for train_rl on CPU, in place of MaxText's vLLM rollout (test environment only).
 
 tunix calls it through the `rollout_engine` hook for BaseRollout subclasses, which train_rl
-takes when `use_standalone_converter=true`. It samples on the same actor model the trainer
-updates, with one full forward pass per generated token (no KV cache): slow, but small models
-on CPU need no more.
+takes when `use_standalone_converter=true` (0.2.3) or always (0.2.4 on). It samples on the same
+actor model the trainer updates, with one full forward pass per generated token (no KV cache):
+slow, but small models on CPU need no more.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Test environment only: what the CPU tier puts in place of what a TPU VM has. Nothing in
 site-packages is edited; each part is a patch applied when its module is imported.
 
-- MAXTEXT_CPU_ROLLOUT=1: MaxText 0.2.3's train_rl imports its vLLM rollout at module level
-  (vLLM needs a TPU); that one import loads cpu_rollout.py instead. The trainer, model, data,
+- MAXTEXT_CPU_ROLLOUT=1: MaxText's train_rl imports its vLLM rollout at module level (vLLM needs
+  a TPU); that one import loads cpu_rollout.py instead. From 0.2.4 train_rl also imports and
+  registers its vLLM model adapter at module level (it needs tpu_inference): that import gets
+  an empty `register()` instead, since nothing here runs vLLM. The trainer, model, data,
   rewards, eval, checkpointing and TensorBoard stay the real code.
 - TensorFlow's gfile for `gs://` folders. The VM's environment has TensorFlow, so epath makes a
   gs:// folder with tf.io.gfile, which writes a `folder/` placeholder object; this one has no
@@ -21,6 +23,7 @@ import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROLLOUT_MODULE = "maxtext.integration.vllm.maxtext_vllm_rollout"
+ADAPTER_MODULE = "maxtext.integration.vllm.maxtext_vllm_adapter"  # train_rl 0.2.4+: `adapter.register()`
 
 
 class _Replace(importlib.abc.MetaPathFinder):
@@ -31,6 +34,22 @@ class _Replace(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         return importlib.util.spec_from_file_location(fullname, self.path) if fullname == self.name else None
+
+
+class _Unregistered(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`name` as a module whose `register()` does nothing."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.util.spec_from_loader(fullname, self) if fullname == self.name else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.register = lambda config=None: None
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -104,5 +123,6 @@ def _hold_after_checkpoint(checkpoint_manager):
 sys.meta_path.insert(0, _AfterImport("etils.epath.backend", _gfile_folders))
 if os.environ.get("MAXTEXT_CPU_ROLLOUT") == "1":
     sys.meta_path.insert(0, _Replace(ROLLOUT_MODULE, os.path.join(HERE, "cpu_rollout.py")))
+    sys.meta_path.insert(0, _Unregistered(ADAPTER_MODULE))
 if os.environ.get("TPU_RL_CPU_HOLD_FILE"):
     sys.meta_path.insert(0, _AfterImport("tunix.sft.checkpoint_manager", _hold_after_checkpoint))
