@@ -16,9 +16,11 @@ the plan's autostop time, it shuts the VM down.
                                  with --follow, then stream as `follow` does
     follow STATE_DIR             the pipeline's events and its started jobs' log lines (secrets
                                  redacted) as JSON lines, until the pipeline has ended
-    wake STATE_DIR               a fab command is here: restart a driver that died mid-pipeline or
+    wake STATE_DIR [--states JOB_DIR...]
+                                 a fab command is here: restart a driver that died mid-pipeline or
                                  while it waited to autostop, put autostop back; print the
-                                 pipeline's state as JSON
+                                 pipeline's state as JSON ({"pipeline": ..., "states": [...]} with
+                                 --states: those jobs' states too, in the same process)
     revive STATE_DIR [--boot]    what the VM's crontab runs (every few minutes, and at boot), with
                                  no fab command: restart a driver that died (OOM, reboot) as wake
                                  does, without counting as a fab command, at most REVIVALS times a
@@ -748,7 +750,12 @@ def main(argv: list[str]) -> int:
             print(json.dumps(inventory.runs(layout, json.loads(args[1]))))
             return 0
         if command in ("wake", "revive"):
-            print(json.dumps(wake(layout) if command == "wake" else revive(layout, "--boot" in args[1:])))
+            record = wake(layout) if command == "wake" else revive(layout, "--boot" in args[1:])
+            if command == "wake" and args[1:2] == ["--states"]:  # fab's install: one Python started, not two
+                with jobrunner.gcs.quick():
+                    states = [jobrunner.job_state(os.path.expanduser(job_dir)) for job_dir in args[2:]]
+                record = {"pipeline": record, "states": states}
+            print(json.dumps(record))
             return 0
         if command == "start":
             code, answer = start(layout, sys.stdin.read())

@@ -217,15 +217,13 @@ class Vm:
         """
         q = shlex.quote
         root, bin_dir, secrets_dir = self.layout.root, self.layout.bin, self.layout.secrets
-        wake = f"echo pipeline $({self.wake_command()} 2>&1 | tr '\\n' ' ')"
+        wake = f"echo pipeline $({self.wake_command(read_ahead)} 2>&1 | tr '\\n' ' ')"
         expected = "".join(f"{hashlib.sha256((REMOTE_SCRIPTS / t).read_bytes()).hexdigest()}  {t}\n" for t in TOOLS)
         current = f"printf %s {q(expected)} | sha256sum -c --status"  # wake only with these tools: never an old driver
         paths = " ".join(q(f"{secrets_dir}/{name}") for name in secrets or {})
         facts = f"(cd && sha256sum {paths}; stat -c 'mode %a %n' {paths}) 2>/dev/null;" if paths else ""
         if startup_marker:
             facts += f" {startup.facts_command(startup_marker)};"
-        if read_ahead:  # by these tools only: an older jobrunner's answer is not read
-            facts += f" {current} && printf 'states %s\\n' \"$({self.runner('status', *read_ahead)})\";"
         if runs is not None:
             facts += f" {current} && printf 'runs %s\\n' \"$({self.runs_command(runs)})\";"
         out = self.check(
@@ -255,16 +253,19 @@ class Vm:
                     sftp.posix_rename(f"{target}.new", target)
             woken = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
         self.pipeline = _pipeline(_field(woken, "pipeline"))
-        states = next((line[len("states ") :] for line in out.splitlines() if line.startswith("states [")), None)
-        if read_ahead and states and not changed:
-            self.read_ahead = (tuple(read_ahead), [JobStatus.from_json(item) for item in json.loads(states)])
+        if read_ahead and self.pipeline and "states" in self.pipeline:  # woken by these tools: read with the wake
+            states, self.pipeline = self.pipeline["states"], self.pipeline["pipeline"]
+            self.read_ahead = (tuple(read_ahead), [JobStatus.from_json(item) for item in states])
         listed = next((line[len("runs ") :] for line in out.splitlines() if line.startswith("runs {")), None)
         if runs is not None and listed and not changed:
             self.runs_ahead = json.loads(listed)
         return _field(out, "current-run")
 
-    def wake_command(self) -> str:
-        return self.runner("wake", self.layout.root, tool="driver.py")
+    def wake_command(self, read_ahead: tuple[str, ...] = ()) -> str:
+        """Wake the pipeline; with `read_ahead`, read those jobs' states in the same Python process."""
+        return self.runner(
+            "wake", self.layout.root, *(["--states", *read_ahead] if read_ahead else []), tool="driver.py"
+        )
 
     def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
         """The secrets stored on the VM where `install` found them missing, changed or too widely readable.
