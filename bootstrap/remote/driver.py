@@ -344,7 +344,15 @@ class Driver:
         return None
 
     def _preflight(self) -> list[dict]:
-        return jobrunner.preflight(self.plan["preflight"])
+        """The VM's checks; a TPU held by this pipeline's own running job (validate, which train waits for) is
+        not in the way of convert, which runs on the CPU beside it."""
+        own = set()
+        for name in self.graph.running:
+            job_dir = os.path.expanduser(self.graph.jobs[name]["job_dir"])
+            process = jobrunner.read_json(os.path.join(job_dir, jobrunner.PROCESS)) or {}
+            if isinstance(process.get("pid"), int):
+                own.add(process["pid"])
+        return jobrunner.preflight(self.plan["preflight"], own)
 
     def wait_to_autostop(self) -> int:
         """A done pipeline whose driver died while it waited to shut the VM down: the wait alone, its idle

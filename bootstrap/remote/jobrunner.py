@@ -634,7 +634,16 @@ def _holders(paths: list[str]) -> list[tuple[int, str]]:
     return holders
 
 
-def preflight(request: dict) -> list[dict]:
+def _group(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def preflight(request: dict, own_groups: set[int] = frozenset()) -> list[dict]:
+    """The VM's checks before the first TPU job; `own_groups`: the process groups of the pipeline's own running
+    jobs, whose hold on the TPU ends before a job that needs them starts."""
     checks = []
 
     def check(name: str, ok: bool, message: str) -> None:
@@ -661,7 +670,8 @@ def preflight(request: dict) -> list[dict]:
         f"{free_gb:.0f} GB free in {request['shm_path']}, {request['min_shm_gb']} GB needed",
     )
     lockfile = request.get("libtpu_lockfile", LIBTPU_LOCKFILE)
-    holders = _holders([lockfile, *chips])
+    found = _holders([lockfile, *chips])
+    holders = [(pid, cmd) for pid, cmd in found if _group(pid) not in own_groups]
     if holders:
         names = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in holders)
         check(
@@ -669,6 +679,8 @@ def preflight(request: dict) -> list[dict]:
             False,
             f"the TPU is in use by {names}; if it is left from a crashed run, stop it: kill {' '.join(str(p) for p, _ in holders)}",
         )
+    elif found:
+        check("tpu_free", True, "held only by this pipeline's own running job (the validator)")
     elif os.path.exists(lockfile):
         os.remove(lockfile)
         check("tpu_free", True, f"removed stale {lockfile} (no process held it)")

@@ -101,6 +101,27 @@ def test_preflight_names_the_process_holding_the_tpu(tmp_path):
         holder.kill()
 
 
+def test_preflight_lets_the_pipelines_own_validator_hold_the_tpu(tmp_path):
+    """validate (MaxText's validator and the environment check) opens the chips while convert, on the CPU, starts
+    beside it: a holder in the process group of one of the pipeline's own running jobs is not in the way; any
+    other holder still is."""
+    (tmp_path / "vfio").mkdir()
+    for chip in ("0", "1"):
+        (tmp_path / "vfio" / chip).write_text("")
+    hold = f"f = open({str(tmp_path / 'vfio' / '0')!r}); import sys; sys.stdin.read()"
+    ours = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not failed(jobrunner.preflight(request(tmp_path))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"pid {ours.pid}" in failed(jobrunner.preflight(request(tmp_path)))["tpu_free"]
+        checks = jobrunner.preflight(request(tmp_path), {ours.pid})
+        assert failed(checks) == {} and any("own running job" in c["message"] for c in checks)
+        assert "tpu_free" in failed(jobrunner.preflight(request(tmp_path), {ours.pid + 10**6}))
+    finally:
+        ours.kill()
+
+
 def test_preflight_secret_must_be_stored(tmp_path):
     (tmp_path / "vfio").mkdir()
     for chip in ("0", "1"):
