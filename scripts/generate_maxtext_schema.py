@@ -126,13 +126,26 @@ def class_default(model: type, key: str):
     return field.default.value if isinstance(field.default, enum.Enum) else field.default
 
 
-def module_defaults(configs_dir: Path, config_file: str, model: type) -> dict:
-    """DEFAULT_KEYS as a module starts with them: its config file, loaded the way pyconfig loads it (its
-    base_config chain merged), over its config class's defaults (0.2.4's rl.yml no longer names base.yml)."""
+def load_config(configs_dir: Path, config_file: str) -> dict:
+    """A config file, loaded the way pyconfig loads it (its base_config chain merged)."""
     from maxtext.configs import pyconfig
     from omegaconf import OmegaConf
 
-    loaded = OmegaConf.to_container(pyconfig._load_config(str(configs_dir / config_file)))
+    return OmegaConf.to_container(pyconfig._load_config(str(configs_dir / config_file)))
+
+
+def flat_over_groups(loaded: dict, model: type) -> list[str]:
+    """Keys the config file sets flat that a group of `model` has too: a class that routes flat keys (0.2.4's
+    RLConfig) copies the file's flat value over GROUP.KEY, so a GROUP.KEY argument is silently lost."""
+    if not config_facts(model)["routes_flat_keys"]:
+        return []
+    grouped = {key for group in nested_models(model).values() for key in group.model_fields}
+    return sorted(key for key in loaded if key in grouped)
+
+
+def module_defaults(loaded: dict, model: type) -> dict:
+    """DEFAULT_KEYS as a module starts with them: its loaded config file over its config class's defaults
+    (0.2.4's rl.yml no longer names base.yml)."""
     values = {}
     for key in DEFAULT_KEYS:
         head, _, tail = key.partition(".")
@@ -155,9 +168,15 @@ def build() -> dict:
         source = module_source(module)
         class_name = config_class_name(source)
         model = getattr(config_types, class_name)
-        modules[module] = {"config": config_file, "class": class_name, "flags": module_flags(source)}
+        loaded = load_config(configs_dir, config_file)
+        modules[module] = {
+            "config": config_file,
+            "class": class_name,
+            "flags": module_flags(source),
+            "flat_over_groups": flat_over_groups(loaded, model),
+        }
         classes.setdefault(class_name, config_facts(model))
-        defaults[module] = module_defaults(configs_dir, config_file, model)
+        defaults[module] = module_defaults(loaded, model)
     return {
         "maxtext_version": importlib.metadata.version("maxtext"),
         "modules": modules,

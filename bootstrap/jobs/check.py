@@ -102,6 +102,11 @@ def _key_problem(maxtext: MaxText, module: str, key: str, value: str) -> str | N
                 f"unknown key under {head}. (MaxText would silently ignore it){_suggest(tail, nested[head])}"
                 f"{_elsewhere(maxtext, module, key)}; valid: {', '.join(nested[head])}"
             )
+        if tail in maxtext.flat_over_groups(module):
+            return (
+                f"MaxText {version}'s {maxtext.modules[module]['config']} sets {tail} itself, and that value is "
+                f"copied over {key} (silently ignored); write it as {tail}"
+            )
         return _type_error(value, nested[head][tail])
     changed = MEANING_CHANGED.get(key)
     if changed and module == schedule.RL_TRAINER and maxtext.release >= load(changed[0]).release:

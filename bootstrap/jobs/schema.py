@@ -17,12 +17,19 @@ from pathlib import Path
 FACTS_DIR = Path(__file__).with_name("maxtext")
 DEFAULT_VERSION = "0.2.3"  # the guide's
 ADDING = "docs/jobs.md, 'Adding a MaxText version', says how to add one"
-_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _PINNED = re.compile(r"\s*maxtext\s*(\[[A-Za-z0-9_,.\s-]*\])?\s*===?\s*([0-9][0-9A-Za-z.+!-]*)\s*", re.IGNORECASE)
 
 
 def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"[0-9]+", version)[:3])
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    """A release as pip compares it: 0.2.5.0 is 0.2.5, 0.2.5.1 is not."""
+    parts = [int(part) for part in re.findall(r"[0-9]+", version)]
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
 
 
 def supported() -> list[str]:
@@ -67,8 +74,14 @@ class MaxText:
         if not config["routes_flat_keys"]:
             return [key]
         name = tail if dot else key
+        if name in self.flat_over_groups(module):  # the config file's flat value wins over any GROUP.name
+            return [name]
         groups = [group for group, keys in config["nested"].items() if name in keys]
         return [name, *(f"{group}.{name}" for group in groups)]
+
+    def flat_over_groups(self, module: str) -> list[str]:
+        """Keys `module`'s config file sets flat that its class copies over the same key of any group."""
+        return self.modules[module].get("flat_over_groups", [])
 
     def value(self, args: dict[str, str], module: str, key: str) -> object:
         """`key` as `module` reads it: the job's argument (in any spelling that sets it), else its default."""
@@ -84,20 +97,21 @@ def load(version: str = DEFAULT_VERSION) -> MaxText:
 
 
 def pinned(packages: list[str]) -> MaxText:
-    """The MaxText an environment installs: a package named maxtext must be pinned with == to a supported
-    version; without one (a local stand-in, a wheel file), the guide's version. ValueError says why not."""
+    """The MaxText an environment installs: the one entry that names maxtext (by name, URL or file) must pin
+    a supported version with ==; without one (a local stand-in), the guide's version. ValueError says why not."""
     versions = supported()
-    for package in packages:
-        name = _NAME.match(package)
-        if not name or re.sub(r"[-_.]+", "-", name.group(1).lower()) != "maxtext":
-            continue
-        exact = _PINNED.fullmatch(package)
-        if not exact:
-            raise ValueError(
-                f"{package!r} does not pin one MaxText version; write maxtext[tpu-post-train]==VERSION with a "
-                f"supported VERSION ({', '.join(versions)}): the checks, the schedule and the validator follow it"
-            )
-        if exact.group(2) not in versions:
-            raise ValueError(f"MaxText {exact.group(2)} is not supported; supported: {', '.join(versions)} ({ADDING})")
-        return load(exact.group(2))
-    return load()
+    named = [package for package in packages if "maxtext" in package.lower()]
+    if len(named) > 1:
+        raise ValueError(f"names maxtext twice ({', '.join(map(repr, named))}); keep one pin")
+    if not named:
+        return load()
+    exact = _PINNED.fullmatch(named[0].split(";", 1)[0])  # an environment marker does not change the version
+    if not exact:
+        raise ValueError(
+            f"{named[0]!r} does not pin one MaxText version; write maxtext[tpu-post-train]==VERSION with a "
+            f"supported VERSION ({', '.join(versions)}): the checks, the schedule and the validator follow it"
+        )
+    same = [version for version in versions if _numbers(version) == _numbers(exact.group(2))]
+    if not same or re.search(r"[A-Za-z]", exact.group(2)):  # 0.2.5rc1 is not 0.2.5
+        raise ValueError(f"MaxText {exact.group(2)} is not supported; supported: {', '.join(versions)} ({ADDING})")
+    return load(same[0])

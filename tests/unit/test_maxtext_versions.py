@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.errors import UserError
-from bootstrap.jobs import load, schema
+from bootstrap.jobs import load, schedule, schema
 from bootstrap.jobs.plan import build, check_local
 from bootstrap.paths import REPO
 from tests.loopback import edit_yaml
@@ -70,6 +70,14 @@ def test_the_shipped_jobs_pass_each_versions_check_and_say_which(tmp_path, versi
         ("0.2.5", "train.hf_name=main", "train_rl reads the dataset's subset from hf_subset; hf_name is accepted and"),
         ("0.2.5", "train.chat_template_path=t.json", "reads the prompt template (gsm8k_rl.json) from data_template_"),
         ("0.2.4", "train.hf_name=main", "from MaxText 0.2.4 on, train_rl reads the dataset's subset from hf_subset"),
+        # 0.2.4's RLConfig copies the flat value rl.yml sets over the group's: the group's is silently lost
+        (
+            "0.2.5",
+            "train.dataset.num_batches=10",
+            "MaxText 0.2.5's post_train/rl.yml sets num_batches itself, and that value is copied over "
+            "dataset.num_batches (silently ignored); write it as num_batches",
+        ),
+        ("0.2.4", "train.vllm.max_num_seqs=7", "sets max_num_seqs itself, and that value is copied over vllm."),
     ],
 )
 def test_a_key_of_one_version_is_refused_by_the_other_in_one_line(tmp_path, version, override, message):
@@ -93,9 +101,13 @@ def test_each_versions_own_keys_pass(tmp_path, version, overrides):
     ("package", "message"),
     [
         ("maxtext==0.1.0", "MaxText 0.1.0 is not supported; supported: " + ", ".join(VERSIONS)),
+        ("maxtext==0.2.5.1", "MaxText 0.2.5.1 is not supported"),
+        ("maxtext==0.2.5rc1", "MaxText 0.2.5rc1 is not supported"),
         ("maxtext[tpu-post-train]>=0.2.3", "does not pin one MaxText version; write maxtext[tpu-post-train]==VERSION"),
         ("MaxText", "does not pin one MaxText version"),
         ("maxtext @ git+https://github.com/AI-Hypercomputer/maxtext", "does not pin one MaxText version"),
+        ("git+https://github.com/AI-Hypercomputer/maxtext@v0.2.5", "does not pin one MaxText version"),
+        ("/wheels/maxtext-0.2.5-py3-none-any.whl", "does not pin one MaxText version"),
     ],
 )
 def test_an_unsupported_or_unpinned_maxtext_is_refused_before_anything(tmp_path, package, message):
@@ -125,3 +137,30 @@ def test_fab_plan_names_the_version(tmp_path, version):
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan"], capture_output=True, text=True, env=env
     )
     assert f"0. setup: build the environment ~/maxtext_venv, MaxText {version} (" in result.stdout, result.stderr
+
+
+def test_a_grouped_key_the_config_file_sets_flat_does_not_count():
+    """What MaxText 0.2.5 trains with (measured with its own RLConfig: num_batches 4 for dataset.num_batches=10):
+    the replay takes rl.yml's flat value, not the group's."""
+    maxtext = schema.load("0.2.5")
+    assert schedule.train_steps(maxtext, {"dataset.num_batches": "10"}) == 4
+    assert schedule.train_steps(maxtext, {"num_batches": "10"}) == 10
+    assert schedule.train_steps(maxtext, {"rl.num_iterations": "2"}) == 8  # rl.yml sets no flat num_iterations
+
+
+@pytest.mark.parametrize(
+    ("packages", "version"),
+    [
+        (["maxtext==0.2.5 ; python_version >= '3.12'"], "0.2.5"),  # an environment marker is not the version
+        (["MaxText[tpu-post-train] == 0.2.5"], "0.2.5"),
+        (["maxtext===0.2.4"], "0.2.4"),
+        (["maxtext==0.2.5.0"], "0.2.5"),  # the same release, as pip compares them
+    ],
+)
+def test_each_spelling_of_a_pin_is_its_version(packages, version):
+    assert schema.pinned(packages).version == version
+
+
+def test_two_maxtext_pins_are_refused():
+    with pytest.raises(ValueError, match="names maxtext twice"):
+        schema.pinned(["maxtext[tpu-post-train]==0.2.4", "maxtext==0.2.5"])
