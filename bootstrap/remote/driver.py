@@ -313,6 +313,7 @@ class Driver:
             "autostop_at": None,
             "autostop_idle": (plan.get("autostop") or {}).get("idle_seconds"),
             "autostop_why": (plan.get("autostop") or {}).get("why", ""),
+            "autostop_command": (plan.get("autostop") or {}).get("command"),
         }
         self.graph = Graph(plan["jobs"], self._state_of, self._launch, self._preflight, self.emit)
         self.written = False  # driver.json of this driver: `start` waits for it

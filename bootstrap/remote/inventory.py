@@ -139,7 +139,7 @@ def runs(layout: jobrunner.Layout, request: dict) -> dict:
     is said, and the VM's own runs are still listed."""
     places, placeholder = request.get("places", {}), request["placeholder"]
     root = os.path.expanduser(layout.runs)
-    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    names = sorted(n for n in os.listdir(root) if os.path.isdir(os.path.join(root, n))) if os.path.isdir(root) else []
     listed: dict[str, dict] = {run: {} for run in names}
     bucket_error = None
     with gcs.quick():  # fab waits for the answer
@@ -149,6 +149,9 @@ def runs(layout: jobrunner.Layout, request: dict) -> dict:
         except OSError as err:
             bucket_error = str(err)[:300] or type(err).__name__
         for run in names:
-            listed[run]["vm"] = on_vm(layout, run, places, placeholder)
+            try:
+                listed[run]["vm"] = on_vm(layout, run, places, placeholder)
+            except Exception as err:  # a malformed file of one run never hides the others, nor the bucket's
+                listed[run]["vm"] = {"error": f"{type(err).__name__}: {err}"[:300]}
     current = _read(os.path.expanduser(layout.current_run))
     return {"current": current.decode().strip() if current else None, "runs": listed, "bucket_error": bucket_error}

@@ -140,11 +140,13 @@ def write_json(path: str, data: dict) -> None:
 
 
 def read_json(path: str) -> dict | None:
+    """A record tpu-rl wrote: None if it is missing, half written, or not an object (never ours)."""
     try:
         with open(path) as f:
-            return json.load(f)
+            found = json.load(f)
     except (FileNotFoundError, json.JSONDecodeError):
         return None
+    return found if isinstance(found, dict) else None
 
 
 def _start_time(pid: int) -> str | None:

@@ -106,7 +106,8 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
         "run": name,
         "known": known,
         "started": datetime.fromtimestamp(min(starts), UTC).strftime("%Y-%m-%d %H:%M") if starts else None,
-        "state": _state(jobs, bucket),
+        "state": _state(jobs, bucket)
+        + (f" (its files on the VM unreadable: {vm['error']})" if vm.get("error") else ""),
         "settings": None if settings is None else list(dict.fromkeys([*settings, *changes])),
         "accuracy": [result["before"], result["after"]] if result else None,
         "format_accuracy": [result["format_before"], result["format_after"]] if result else None,

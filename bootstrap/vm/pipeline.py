@@ -205,6 +205,7 @@ def _nothing_to_do(session: Session, jobs: list[PlannedJob], plan: dict) -> bool
         and current.get("state") == PipelineState.DONE.value
         and current.get("autostop_idle") == plan["autostop"]["idle_seconds"]
         and current.get("autostop_why") == plan["autostop"]["why"]
+        and current.get("autostop_command") == list(plan["autostop"]["command"])
     )
     states = vm.states_read_ahead([job.job_dir for job in jobs]) if finished else None
     if not states or any(state.state is not JobState.DONE for state in states):

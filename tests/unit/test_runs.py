@@ -10,7 +10,7 @@ from pathlib import Path
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import attempts, evals, inventory
+from bootstrap.remote import attempts, driver, evals, inventory, jobrunner
 from bootstrap.results import runs, side_by_side
 from bootstrap.results.runs import RunRecord
 
@@ -158,3 +158,24 @@ def test_the_places_sent_to_the_vm_are_the_plans_own_paths_for_any_run():
     assert places[inventory.EVALS].replace(placeholder, "r7") == f"{train.job_dir}/log"
     assert places[inventory.EXPORT].replace(placeholder, "r7") == f"{plan.export_folder()}/SHA256SUMS"
     assert inventory.COPIES not in places  # results.gcs unset: no copies to look for
+
+
+def test_a_malformed_file_on_the_vm_hides_neither_the_other_runs_nor_itself(tmp_path):
+    """What a user, a crash or another tool may leave in the state folder: a stray file among the runs, a run
+    plan that is not an object, a plan whose job has no spec. Each run is still listed, the broken one saying
+    why, and a kept plan that is not ours never stops the next `start`."""
+    layout = jobrunner.Layout(str(tmp_path / "state"))
+    for run in ("good", "listed", "nospec"):
+        os.makedirs(layout.run_job(run, "train"))
+    (tmp_path / "state" / "runs" / "stray.txt").write_text("not a run\n")
+    os.makedirs(os.path.dirname(layout.run_plan("x")))
+    Path(layout.run_plan("listed")).write_text("[1, 2]")
+    Path(layout.run_plan("nospec")).write_text(json.dumps({"jobs": [{"name": "train"}]}))
+    found = inventory.runs(layout, {"places": {}, "placeholder": "<run_name>"})["runs"]
+    assert sorted(found) == ["good", "listed", "nospec"]
+    assert "error" not in found["good"]["vm"] and "error" not in found["listed"]["vm"]
+    assert found["nospec"]["vm"]["error"].startswith("KeyError")
+    row = side_by_side.rows([], {"runs": found})[-1]
+    assert row["run"] == "nospec" and "its files on the VM unreadable: KeyError" in row["state"]
+    driver.keep_run_plan(layout, {"run": "listed", "jobs": [{"name": "train"}], "settings": ["a=1"]})
+    assert json.loads(Path(layout.run_plan("listed")).read_text())["settings"] == ["a=1"]
