@@ -12,6 +12,7 @@ The facts (JAX's devices, the installed distributions, uv's report) are gathered
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import importlib.metadata as metadata
 import importlib.util
@@ -138,13 +139,18 @@ def package_problem(name: str, wanted: str, facts: Facts) -> str | None:
     return None
 
 
+def accepted(expected: Expected, line: str) -> bool:
+    """Whether an accepted conflict covers `line`: the same text, where a `*` stands for any text."""
+    return any(fnmatch.fnmatchcase(line, pattern) for pattern in expected.accepted)
+
+
 def conflict_problems(expected: Expected, facts: Facts) -> list[str]:
     if facts.uv_error:
         return [f"uv pip check: {facts.uv_error}"]
     return [
         f"uv pip check: {line} (not among environment.accepted_conflicts)"
         for line in facts.conflicts
-        if line not in expected.accepted
+        if not accepted(expected, line)
     ]
 
 
@@ -158,10 +164,8 @@ def problems(expected: Expected, facts: Facts) -> list[str]:
 def summary(expected: Expected, facts: Facts) -> str:
     devices = f"{len(facts.device_kinds)} {facts.platform} device(s)"
     packages = ", ".join(f"{n} {facts.installed[n].version}" for n in expected.packages if facts.installed.get(n))
-    accepted = sum(line in expected.accepted for line in facts.conflicts)
-    return (
-        f"ok: JAX sees {devices}; {packages or 'no packages to check'}; uv pip check: {accepted} accepted conflict(s)"
-    )
+    count = sum(accepted(expected, line) for line in facts.conflicts)
+    return f"ok: JAX sees {devices}; {packages or 'no packages to check'}; uv pip check: {count} accepted conflict(s)"
 
 
 # --- gathering ------------------------------------------------------------------------------------

@@ -123,6 +123,18 @@ def test_only_the_accepted_conflicts_pass():
     assert envcheck.summary(accepting, facts(conflicts=[UV_LINE])).endswith("1 accepted conflict(s)")
 
 
+def test_a_star_accepts_any_text_of_that_package_alone():
+    """The shipped list accepts whatever the three packages MaxText installs from its pinned commits declare
+    (their pins differ by version, and vLLM's could not be read), and still nothing of any other package."""
+    shipped = expected_environment(build(load.read(REPO / "jobs"), [], "run-1").spec)
+    vllm = "The package `vllm` requires `tpu-inference==0.11.1`, but `0.0.0` is installed"
+    jax = "The package `maxtext` requires `jax>=0.8.1`, but `0.7.0` is installed"
+    assert envcheck.conflict_problems(shipped, facts(conflicts=[vllm, jax])) == [
+        f"uv pip check: {jax} (not among environment.accepted_conflicts)"
+    ]
+    assert envcheck.summary(shipped, facts(conflicts=[vllm])).endswith("1 accepted conflict(s)")
+
+
 def test_uv_s_own_report_is_read_line_by_line(monkeypatch):
     """uv 0.13's words, as it printed them for a venv with a missing dependency."""
     out = f"Checked 300 packages in 29ms\nFound 1 incompatibility\n{UV_LINE}\n"
