@@ -24,6 +24,7 @@ Lines = dict[tuple[str, ...], int]
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
 CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")  # C0 but tab and line ends, DEL, C1
+LOADER = getattr(yaml, "CBaseLoader", yaml.BaseLoader)  # libyaml when PyYAML has it: every fab command reads the jobs
 
 
 def _problem(path: Path, message: str, line: int | None = None) -> UserError:
@@ -49,7 +50,7 @@ def _text(path: Path) -> str:
 def _check_events(path: Path, text: str) -> None:
     """Refuse anchors, aliases and deep nesting in one linear pass, before anything is built."""
     depth = 0
-    for event in yaml.parse(text, Loader=yaml.BaseLoader):
+    for event in yaml.parse(text, Loader=LOADER):
         line = event.start_mark.line + 1
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
             raise _problem(path, "anchors and aliases (&name, *name) are not supported; write the value out", line)
@@ -92,11 +93,14 @@ def load(path: Path) -> tuple[dict, Lines]:
     text = _text(path)
     try:
         _check_events(path, text)
-        node = yaml.compose(text, Loader=yaml.BaseLoader)
+        node = yaml.compose(text, Loader=LOADER)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark else None
-        raise _problem(path, f"not valid YAML: {getattr(err, 'problem', err)}", line) from None
+        problem = getattr(err, "problem", None) or str(err)
+        if "maximum nesting depth" in problem:  # libyaml's own limit, met while it reads ahead of our count
+            raise _problem(path, f"nested deeper than {MAX_DEPTH} levels", line) from None
+        raise _problem(path, f"not valid YAML: {problem}", line) from None
     lines: Lines = {}
     if node is None:
         return {}, lines

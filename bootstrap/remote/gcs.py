@@ -15,7 +15,6 @@ import re
 import time
 import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 
 try:
@@ -54,6 +53,8 @@ def _headers() -> dict[str, str]:
     if "STORAGE_EMULATOR_HOST" in os.environ:
         return {}
     if time.time() > _token[1] - REFRESH_SECONDS:
+        import urllib.request  # on use: most of the VM's tool runs never reach the bucket
+
         server = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")  # google-auth's variable
         asked = urllib.request.Request(f"http://{server}{TOKEN_PATH}", headers={"Metadata-Flavor": "Google"})
         with urllib.request.urlopen(asked, timeout=TIMEOUT_SECONDS) as answer:
@@ -80,6 +81,8 @@ def _call(url: str, data: bytes | None = None, method: str = "GET", parse: Calla
     """One request, `parse`d (a listing is JSON); what may pass is tried again for 15 minutes, or
     QUICK_SECONDS within `quick` (retry.py: the gke driver's policy too, and Cloud Storage's advice of
     exponential backoff)."""
+
+    import urllib.request  # on use: most of the VM's tool runs never reach the bucket
 
     def once():
         request = urllib.request.Request(url, data=data, method=method, headers=_headers())

@@ -10,9 +10,7 @@ Standard library only: it runs on the VM and in a gke pod.
 
 from __future__ import annotations
 
-import http.client
 import os
-import ssl
 import time
 import urllib.error
 from collections.abc import Callable
@@ -29,6 +27,9 @@ T = TypeVar("T")
 def may_pass(err: BaseException) -> bool:
     """A 429 or 5xx, a dropped or cut connection (a TLS error is an OSError), a timeout, a half answer, or
     an answer that is not JSON (a proxy's error page); not a certificate that fails verification."""
+    import http.client  # here, not above: every fab command starts a tool on the VM, and few calls fail
+    import ssl
+
     if isinstance(err, urllib.error.HTTPError):
         return err.code == 429 or err.code >= 500
     if isinstance(err, ssl.SSLCertVerificationError) or isinstance(

@@ -24,7 +24,7 @@ from ..remote.driver import PipelineState, clock
 from ..remote.jobrunner import JobState
 from ..results.publish import DURABLE_PREFIX
 from ..session import Session
-from .machine import ConnectionLost
+from .machine import ConnectionLost, JobStatus
 from .progress import Board
 from .watch import Watcher
 
@@ -163,14 +163,17 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
     running = current and current.get("alive") and current["state"] == PipelineState.RUNNING.value
     if running and current["digest"] != plan["digest"]:
         raise busy(current, vm.name)
-    if not running and _nothing_to_do(session, jobs, plan):
+    states = None if running else vm.states_read_ahead([job.job_dir for job in jobs])
+    if not running and _nothing_to_do(session, jobs, plan, states):
         return
+    if states and any(state.state not in (JobState.DONE, JobState.RUNNING) for state in states):
+        session.check_token()  # the install read that a job will start: the Hub now, and the plan handed over once
     if not running:
         prepare(session)  # the secrets, and the VM ready (its startup script done)
     with Board(console) as board:
         watcher = Watcher(session, jobs, board)
-        # Handed over as "check first" while the token is unchecked: the driver starts nothing then, and says
-        # what it would start; a no-op asks the Hub nothing.
+        # Handed over as "check first" while the token is unchecked (the install read no states): the driver
+        # starts nothing then, and says what it would start; a no-op asks the Hub nothing.
         check_first = "HF_TOKEN" in session.secrets and not session.token_checked
         stream = vm.drive({**plan, "check_first": check_first}, follow=not detach, on_idle=watcher.tick)
         answer = next(stream)
@@ -196,9 +199,10 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
     watcher.finish()
 
 
-def _nothing_to_do(session: Session, jobs: list[PlannedJob], plan: dict) -> bool:
+def _nothing_to_do(session: Session, jobs: list[PlannedJob], plan: dict, states: list[JobStatus] | None) -> bool:
     """A no-op in the install's one round trip: the VM's driver brought this very plan (its digest, its autostop)
-    to done, and every job's outputs are still there as the install read them. Anything else is driven."""
+    to done, and every job's outputs are still there as the install read them (`states`). Anything else is
+    driven."""
     current, vm = session.vm.pipeline or {}, session.vm
     finished = (
         current.get("digest") == plan["digest"]
@@ -207,8 +211,7 @@ def _nothing_to_do(session: Session, jobs: list[PlannedJob], plan: dict) -> bool
         and current.get("autostop_why") == plan["autostop"]["why"]
         and current.get("autostop_command") == list(plan["autostop"]["command"])
     )
-    states = vm.states_read_ahead([job.job_dir for job in jobs]) if finished else None
-    if not states or any(state.state is not JobState.DONE for state in states):
+    if not finished or not states or any(state.state is not JobState.DONE for state in states):
         return False
     session.console.print(f"run {plan['run']} is done on {vm.name}: nothing to start")
     for job, state in zip(jobs, states, strict=True):

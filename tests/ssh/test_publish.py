@@ -119,6 +119,21 @@ def test_a_bad_token_stops_before_any_job_starts(fab: Fab):
     assert not (fab.tmp / "state" / "pipeline" / "driver.json").exists()  # nor a driver
 
 
+def test_a_bad_token_stops_a_job_the_install_read_would_start(fab: Fab):
+    """The install read the run's states (an output gone: export would start again): the token is checked
+    then, and a rejected one starts nothing."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    exported = next((fab.tmp / "shm").glob("*/hf-trained/*/config.json"))
+    exported.unlink()
+    runners = {path: path.read_bytes() for path in (fab.tmp / "state").glob("**/runner.json")}
+    fab.hub.tokens.pop(fab.token)
+    result = fab("train", "--arg", "vars.num_batches=2")
+    assert result.returncode == 2
+    assert "HF_TOKEN: the Hub rejects this token (HTTP 401)" in result.stderr
+    assert not exported.exists()  # export did not run again
+    assert {path: path.read_bytes() for path in (fab.tmp / "state").glob("**/runner.json")} == runners
+
+
 def test_a_no_op_train_asks_the_hub_nothing_and_a_run_with_work_checks_the_token_first(fab: Fab):
     repo = f"tester/noop-{fab.tmp.name}"
     edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(hub_repo=repo))
