@@ -3,12 +3,39 @@
 from __future__ import annotations
 
 import shlex
+import threading
 from dataclasses import dataclass, field
 
 from rich.console import Console
 
 from .jobs.plan import Plan
 from .results.runs import RunRecord
+
+
+class TokenCheck:
+    """The Hub's token check (results/hub.py), begun in a thread beside the connection when a job is likely to
+    start: its answer is ready, or nearly, when a job is about to start, and no round trip waits on the Hub."""
+
+    def __init__(self, token: str, model: str | None, repo: str):
+        self._done, self._lines, self._error = threading.Event(), [], None
+        threading.Thread(target=self._check, args=(token, model, repo), daemon=True).start()  # never holds up exit
+
+    def _check(self, token: str, model: str | None, repo: str) -> None:
+        try:
+            from .results import hub  # huggingface_hub takes a third of a second to import: only here
+
+            self._lines = hub.preflight(token, model, repo)
+        except BaseException as err:  # raised where the answer is wanted
+            self._error = err
+        finally:
+            self._done.set()
+
+    def result(self) -> list[str]:
+        """What was checked, one line each; the check's own error if it failed."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._lines
 
 
 @dataclass
@@ -24,16 +51,19 @@ class Session:
     overrides: list[str] = field(default_factory=list)
     stack: dict | None = None
     token_checked: bool = False  # the Hub check (results/hub.py) passed for this command
+    token_check: TokenCheck | None = None  # that check, begun while connecting (tasks/common.py)
 
     def check_token(self) -> None:
         """The Hub check of the token, once: only when a job is about to start (a no-op asks the Hub
         nothing), and always before one does."""
         if self.token_checked or "HF_TOKEN" not in self.secrets:
             return
-        from .results import hub  # huggingface_hub takes a third of a second to import: only here
-
         self.console.print("checking the Hugging Face token")
-        for line in hub.preflight(self.secrets["HF_TOKEN"], self.plan.base_model, self.plan.spec.results.hub_repo):
+        if self.token_check is None:
+            self.token_check = TokenCheck(
+                self.secrets["HF_TOKEN"], self.plan.base_model, self.plan.spec.results.hub_repo
+            )
+        for line in self.token_check.result():
             self.console.print(f"  {line}")
         self.token_checked = True
 

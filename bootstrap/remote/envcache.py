@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import sys
 import tarfile
 import time
@@ -171,6 +172,13 @@ class Refused(Exception):
     """Why an entry is not restored (the setup job builds instead)."""
 
 
+def _fetch(url: str) -> tuple[bytes | None, str]:
+    """One part and its SHA-256, hashed in the reading thread (hashlib lets go of the GIL): the unpacking
+    never waits on a hash."""
+    data = gcs.read(url)
+    return data, hashlib.sha256(data).hexdigest() if data is not None else ""
+
+
 class _Verified(io.RawIOBase):
     """The parts read back in order (STREAMS read ahead at a time), each handed on only once its SHA-256
     matched the manifest's."""
@@ -185,13 +193,13 @@ class _Verified(io.RawIOBase):
     def readinto(self, target) -> int:
         while len(self.ahead) < STREAMS and self.parts:
             part = self.parts.popleft()
-            self.ahead.append((part, self.pool.submit(gcs.read, f"{self.url}/{part['name']}")))
+            self.ahead.append((part, self.pool.submit(_fetch, f"{self.url}/{part['name']}")))
         if not self.current and self.ahead:
             part, reading = self.ahead.popleft()
-            data = reading.result()
+            data, digest = reading.result()
             if data is None:
                 raise Refused(f"{part['name']} is missing")
-            if hashlib.sha256(data).hexdigest() != part["sha256"]:
+            if digest != part["sha256"]:
                 raise Refused(f"{part['name']} is corrupt (its SHA-256 differs from the manifest's)")
             self.current = memoryview(data)
         count = min(len(target), len(self.current))
@@ -227,20 +235,26 @@ def restore(spec_digest: str, venv: str, cache: str) -> str:
     unpacked = f"{venv}.restoring"
     shutil.rmtree(unpacked, ignore_errors=True)
     try:
+        os.mkdir(unpacked, 0o700)
+    except FileExistsError:
+        raise Refused(f"{unpacked} is left from an earlier restore and cannot be removed") from None
+    try:
         with (
             ThreadPoolExecutor(STREAMS) as pool,
             tarfile.open(fileobj=io.BufferedReader(_Verified(url, parts, pool), PART_BYTES), mode="r|") as tar,
         ):
+            guard = _Guard(installation is not None, unpacked)
             for member in tar:
-                _check(member, installation is not None, unpacked)
-                tar.extract(member, unpacked, **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+                guard.check(member)
+                tar.extract(member, unpacked, **({"filter": "fully_trusted"} if hasattr(tarfile, "tar_filter") else {}))
+            guard.finish()
         for root in reversed(ROOTS):  # the Python first: a venv in place always has its interpreter
             if targets[root] and os.path.isdir(os.path.join(unpacked, root)):
                 _move_into_place(os.path.join(unpacked, root), targets[root], keep_existing=root == "python")
         if link and not os.path.lexists(link[0]):
             os.symlink(link[1], link[0])  # uv's minor-version name of that Python, which the venv's home uses
             faults.point("envcache.linked-python")
-    except (tarfile.TarError, OSError) as err:
+    except (tarfile.TarError, OSError, ValueError) as err:  # ValueError: a NUL byte in a name
         raise Refused(f"could not unpack it: {err}") from None
     finally:
         shutil.rmtree(unpacked, ignore_errors=True)
@@ -248,29 +262,54 @@ def restore(spec_digest: str, venv: str, cache: str) -> str:
     return f"environment restored from {url} ({manifest['bytes'] / 2**30:.2f} GiB in {seconds:.0f} s), not built"
 
 
-def _check(member: tarfile.TarInfo, has_python: bool, unpacked: str) -> None:
-    """Only what store writes: below one of the roots, no absolute name, no `..`, no device, a hard link only
-    to an earlier member, no name twice, and nothing written through a link (a symlink, then a file below it)."""
+class _Guard:
+    """Only what store writes, judged from the names alone (the folder unpacked into is new, so the archive's
+    own members are all it holds): files, folders and links below one of the roots, each root a folder, no
+    absolute name, no `.`, `..` or empty part, a hard link only to an earlier regular file, no name twice
+    (but a folder), nothing below a symlink, no set-id bits or write for others. A folder stays writable until
+    `finish`, so that a refused archive can always be removed. No system call per member: tarfile's own
+    filter resolves every path, which doubled the unpacking."""
 
-    def inside(name: str) -> bool:
-        top = name.split("/", 1)[0]
-        return (
-            top in ROOTS
-            and (top != "python" or has_python)
-            and not name.startswith("/")
-            and ".." not in name.split("/")
-        )
+    def __init__(self, has_python: bool, unpacked: str):
+        self.roots = ROOTS if has_python else tuple(root for root in ROOTS if root != "python")
+        self.unpacked = unpacked
+        self.kinds: dict[str, str] = {}  # every name so far, the folders above them too: "dir", "file" or "link"
+        self.folder_modes: dict[str, int] = {}
 
-    if not inside(member.name) or member.isdev():
-        raise Refused(f"the archive holds {member.name!r}, outside what is kept")
-    if member.islnk() and not inside(member.linkname):
-        raise Refused(f"the archive links {member.name!r} to {member.linkname!r}, outside what is kept")
-    target = os.path.join(unpacked, member.name)
-    if os.path.lexists(target) and not (member.isdir() and os.path.isdir(target) and not os.path.islink(target)):
-        raise Refused(f"the archive holds {member.name!r} twice")  # a file written over a link put there first
-    parent = os.path.realpath(os.path.join(unpacked, os.path.dirname(member.name)))
-    if parent != os.path.realpath(unpacked) and not parent.startswith(os.path.realpath(unpacked) + os.sep):
-        raise Refused(f"the archive writes {member.name!r} through a link, outside what is kept")
+    def _inside(self, name: str) -> bool:
+        parts = name.split("/")
+        return parts[0] in self.roots and not any(part in ("", ".", "..") for part in parts)
+
+    def check(self, member: tarfile.TarInfo) -> None:
+        name, kind = member.name, "dir" if member.isdir() else "link" if member.issym() else "file"
+        if not self._inside(name) or not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
+            raise Refused(f"the archive holds {name!r}, outside what is kept")
+        if "/" not in name and kind != "dir":
+            raise Refused(f"the archive holds {name!r} as a {kind}, not a folder")
+        if member.islnk() and (not self._inside(member.linkname) or self.kinds.get(member.linkname) != "file"):
+            raise Refused(f"the archive links {name!r} to {member.linkname!r}, not to a file it holds")
+        if name in self.kinds and not (kind == "dir" and self.kinds[name] == "dir"):
+            raise Refused(f"the archive holds {name!r} twice")  # a file written over a link put there first
+        above = _prefixes(name)
+        if any(self.kinds.get(folder, "dir") != "dir" for folder in above):
+            raise Refused(f"the archive writes {name!r} through a link, outside what is kept")
+        self.kinds.update({folder: "dir" for folder in above})  # tarfile makes them: never a link later
+        self.kinds[name] = kind
+        member.mode &= ~(stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH)  # as tar_filter
+        if kind == "dir":
+            self.folder_modes[name] = member.mode
+            member.mode |= stat.S_IRWXU
+
+    def finish(self) -> None:
+        """The folders' own modes, deepest first, once everything below them is written."""
+        for name in sorted(self.folder_modes, key=lambda folder: folder.count("/"), reverse=True):
+            os.chmod(os.path.join(self.unpacked, name), self.folder_modes[name])
+
+
+def _prefixes(name: str) -> list[str]:
+    """The folders above `name`: a/b/c -> a, a/b."""
+    parts = name.split("/")
+    return ["/".join(parts[:count]) for count in range(1, len(parts))]
 
 
 def _move_into_place(unpacked: str, target: str, keep_existing: bool) -> None:

@@ -44,7 +44,7 @@ class RunRecord:
     evals: list[dict] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # durable copies of the export
     machine: str = ""  # the VM (host and state folder) the run was last handed to (vm.machine.Vm.identity)
-    settings: list[str] = field(default_factory=list)  # the --arg overrides it was last run with
+    settings: list[str] | None = None  # the --arg overrides it was last run with (None: not yet run here)
     chips: int = 0  # the VM's TPU chips, billed while it runs
 
     @property
@@ -81,7 +81,7 @@ class RunRecord:
             self.results = {**disk.results, **self.results}
             self.evals = self.evals or disk.evals
             self.machine, self.chips = self.machine or disk.machine, self.chips or disk.chips
-            self.settings = self.settings or disk.settings
+            self.settings = self.settings if self.settings is not None else disk.settings
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             _replace(runs_dir() / CURRENT, self.name + "\n")

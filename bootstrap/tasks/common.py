@@ -13,14 +13,14 @@ from rich.console import Console
 
 from .. import secrets
 from ..errors import StoppedWatching, UserError
-from ..jobs import load
+from ..jobs import check, load
 from ..jobs.plan import DURABLE_DIR, Plan, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
 from ..remote import gcs
-from ..remote.jobrunner import Layout
+from ..remote.jobrunner import JobState, Layout
 from ..results import runs
 from ..results.publish import durable_jobs, durable_overrides
-from ..session import Session
+from ..session import Session, TokenCheck
 from ..vm import connect
 from ..vm.machine import Vm
 from ..vm.output import Cleaner
@@ -88,6 +88,12 @@ def open_session(
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
     if target and recover:
         raise UserError("--recover recreates the vm backend's VM; on gke the cluster replaces lost nodes itself")
+    expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
+    token_check = (
+        TokenCheck(values["HF_TOKEN"], check.base_model_of(pipeline), pipeline.spec.results.hub_repo)
+        if runs_jobs and "HF_TOKEN" in values and _work_likely(expected, overrides)
+        else None
+    )
     if target:
         console.print(f"connecting to the GKE cluster {outputs['cluster_name']} (Pulumi stack outputs)")
         driver = gke_session().connect(outputs, Cleaner(values.values()))
@@ -102,7 +108,6 @@ def open_session(
         )
         source = f"{driver.name}:{driver.layout.current_run}"
     durable = [] if target else durable_overrides(pipeline.spec, outputs)
-    expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
     ahead = _read_ahead(build(files, [*durable, *overrides], expected), outputs, runs_jobs) if expected else ()
     current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
     if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
@@ -124,10 +129,27 @@ def open_session(
         plan = gke_session().plan(files, planned_with, name, target)
     else:
         plan = build(files, [*durable, *overrides], name)
-    session = Session(plan, driver, console, runs.RunRecord.load(name), values, overrides=overrides, stack=outputs)
+    record = runs.RunRecord.load(name)
+    session = Session(
+        plan, driver, console, record, values, overrides=overrides, stack=outputs, token_check=token_check
+    )
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
         session.check_token()
     return session
+
+
+def _work_likely(expected: str | None, overrides: list[str]) -> bool:
+    """This machine's guess, before connecting, that the command will start a job: a new run, or the run last
+    run with other settings or not seen done here. The Hub check then runs beside the connection; only a
+    guess: a no-op as this machine last saw it asks the Hub nothing, and no job starts before the check."""
+    if expected is None:
+        return True
+    record = runs.RunRecord.load(expected)
+    return (
+        record.settings != list(overrides)
+        or not record.jobs
+        or any(job.get("state") != JobState.DONE.value for job in record.jobs.values())
+    )
 
 
 def _read_ahead(plan: Plan, outputs: dict | None, runs_jobs: bool) -> tuple[str, ...]:

@@ -166,9 +166,12 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
     states = None if running else vm.states_read_ahead([job.job_dir for job in jobs])
     if not running and _nothing_to_do(session, jobs, plan, states):
         return
-    if states and any(state.state not in (JobState.DONE, JobState.RUNNING) for state in states):
-        session.check_token()  # the install read that a job will start: the Hub now, and the plan handed over once
     if not running:
+        starts = states and any(state.state not in (JobState.DONE, JobState.RUNNING) for state in states)
+        # The Hub check when a job will start, or when the states are unread and it began while connecting:
+        # the plan is then handed over once. States read decide: a command with nothing to start needs no token.
+        if starts or states is None and session.token_check:
+            session.check_token()
         prepare(session)  # the secrets, and the VM ready (its startup script done)
     with Board(console) as board:
         watcher = Watcher(session, jobs, board)

@@ -330,3 +330,9 @@ def test_fab_status_and_a_no_op_train_are_one_round_trip_each(fab: Fab):
     # the install read that export will start: the token is checked then, and the plan handed over once
     assert "checking the Hugging Face token" in redone.stdout
     assert round_trips(fab.host) - before == 2
+    # a new run: the Hub check runs beside the connection, and the plan is handed over once (not "check first")
+    before = round_trips(fab.host)
+    new = fab("train", "--new-run", "--arg", "vars.num_batches=2")
+    assert new.returncode == 0 and "export: done in" in new.stdout, new.stdout
+    assert new.stdout.index("checking the Hugging Face token") < new.stdout.index("pipeline started on")
+    assert round_trips(fab.host) - before == 2

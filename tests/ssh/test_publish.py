@@ -153,6 +153,26 @@ def test_a_no_op_train_asks_the_hub_nothing_and_a_run_with_work_checks_the_token
     assert fab.hub.requests == [] and "checking the Hugging Face token" not in again.stdout
 
 
+def test_a_no_op_after_a_run_whose_args_were_dropped_asks_the_hub_nothing(fab: Fab):
+    """Review: a run last driven without --arg is recorded so; the no-op after it is guessed as one."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    assert fab("train").returncode == 0  # the same run without --arg: driven again
+    fab.hub.requests.clear()
+    again = fab("train")
+    assert again.returncode == 0 and "nothing to start" in again.stdout, again.stdout
+    assert fab.hub.requests == []
+
+
+def test_a_command_that_starts_nothing_needs_no_valid_token(fab: Fab):
+    """Review: the check begun while connecting (other --args than the run's last) gives way to the states
+    the install read: setup is done, nothing starts, the revoked token is never asked about."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    fab.hub.tokens.pop(fab.token)
+    setup = fab("setup")
+    assert setup.returncode == 0, setup.stdout + setup.stderr
+    assert "setup: done already" in setup.stdout and "checking the Hugging Face token" not in setup.stdout
+
+
 def gate(fab: Fab, rule: str) -> str:
     """A Hub target of this test's own, gated by `rule`; the repository's name."""
     repo = f"tester/gate-{uuid.uuid4().hex[:8]}"

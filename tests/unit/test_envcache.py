@@ -205,11 +205,26 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", data: b
     return info, data if kind == tarfile.REGTYPE else None
 
 
-@pytest.mark.parametrize("attack", ["hard link out", "file through a symlink", "file over a symlink", "python folder"])
+@pytest.mark.parametrize(
+    "attack",
+    [
+        "hard link out",
+        "file through a symlink",
+        "file over a symlink",
+        "file through a hard link to a symlink",
+        "file through a dotted name",
+        "modes through a hard link to a symlink",
+        "symlink over a folder tarfile made",
+        "the venv itself a symlink",
+        "a NUL byte in a name",
+        "python folder",
+    ],
+)
 def test_a_crafted_entry_writes_nothing_outside_the_venv_and_uvs_python(machine, tmp_path, monkeypatch, attack):
-    """Review: the bucket is not trusted to choose paths. With and without tarfile's extraction filters."""
+    """Review: the bucket is not trusted to choose paths, whether or not this Python's tarfile has filters."""
     victim, outside = tmp_path / "victim", tmp_path / "outside"
     victim.write_text("the user's own file\n")
+    victim.chmod(0o600)
     outside.mkdir()
     top = member("venv", tarfile.DIRTYPE)
     if attack == "hard link out":
@@ -220,6 +235,26 @@ def test_a_crafted_entry_writes_nothing_outside_the_venv_and_uvs_python(machine,
     elif attack == "file over a symlink":
         monkeypatch.delattr(tarfile, "tar_filter")
         plant(machine, [top, member("venv/x", tarfile.SYMTYPE, str(victim)), member("venv/x", data=b"PWNED\n")])
+    elif attack == "file through a hard link to a symlink":  # link() on a symlink makes another symlink
+        symlink, hard = member("venv/a", tarfile.SYMTYPE, str(outside)), member("venv/b", tarfile.LNKTYPE, "venv/a")
+        plant(machine, [top, symlink, hard, member("venv/b/evil", data=b"PWNED\n")])
+    elif attack == "file through a dotted name":
+        symlink = member("venv/d", tarfile.SYMTYPE, str(outside))
+        plant(machine, [top, symlink, member("venv/./d/evil", data=b"PWNED\n")])
+    elif attack == "modes through a hard link to a symlink":  # tarfile's chmod and utime follow the copied link
+        symlink, hard = member("venv/a", tarfile.SYMTYPE, str(victim)), member("venv/b", tarfile.LNKTYPE, "venv/a")
+        hard[0].mode, hard[0].mtime = 0o777, 0
+        plant(machine, [top, symlink, hard])
+    elif attack == "symlink over a folder tarfile made":  # then the link's target extracted unchecked, mode 7777
+        folder = member("venv/t", tarfile.DIRTYPE)
+        folder[0].mode = 0o7777
+        plant(machine, [top, member("venv/lib/site.py", data=b"x\n"), member("venv/lib", tarfile.SYMTYPE, "t"), folder])
+    elif attack == "the venv itself a symlink":
+        plant(machine, [member("venv", tarfile.SYMTYPE, str(outside))])
+    elif attack == "a NUL byte in a name":
+        named = member("venv/x", data=b"x\n")
+        named[0].pax_headers = {"path": "venv/a\x00b"}
+        plant(machine, [top, named])
     else:
         python = {"home": "/nowhere", "installation": str(tmp_path / ".ssh"), "link": [str(tmp_path / ".profile"), "/"]}
         plant(machine, [top, member("python", tarfile.DIRTYPE), member("python/authorized_keys", data=b"x\n")], python)
@@ -227,8 +262,44 @@ def test_a_crafted_entry_writes_nothing_outside_the_venv_and_uvs_python(machine,
     with pytest.raises(envcache.Refused):
         envcache.restore("abc123", str(machine["venv"]), machine["cache"])
     assert victim.read_text() == "the user's own file\n" and list(outside.iterdir()) == []
+    assert victim.stat().st_mode & 0o7777 == 0o600 and victim.stat().st_mtime > 0
     assert not (tmp_path / ".ssh").exists() and not (tmp_path / ".profile").is_symlink()
-    assert not machine["venv"].exists()
+    assert not machine["venv"].is_symlink() and not machine["venv"].exists()
+    assert not Path(f"{machine['venv']}.restoring").exists()
+
+
+def test_a_half_restore_that_cannot_be_removed_is_never_unpacked_into(machine, tmp_path, monkeypatch):
+    """Review: a folder left by an earlier restore (one its owner cannot remove) may hold a symlink out."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    left = Path(f"{machine['venv']}.restoring") / "venv" / "d"
+    left.mkdir(parents=True)
+    (left / "s").symlink_to(outside)
+    plant(machine, [member("venv", tarfile.DIRTYPE), member("venv/d/s/authorized_keys", data=b"ATTACKER\n")])
+    wipe(machine)
+    monkeypatch.setattr(envcache.shutil, "rmtree", lambda path, ignore_errors=False: None)  # as if it failed
+    with pytest.raises(envcache.Refused, match="is left from an earlier restore and cannot be removed"):
+        envcache.restore("abc123", str(machine["venv"]), machine["cache"])
+    assert list(outside.iterdir()) == []
+
+
+def test_a_read_only_folder_is_restored_read_only_once_everything_below_it_is_written(machine):
+    folder = member("venv/d", tarfile.DIRTYPE)
+    folder[0].mode = 0o555
+    plant(machine, [member("venv", tarfile.DIRTYPE), folder, member("venv/d/f", data=b"x\n")])
+    wipe(machine)
+    envcache.restore("abc123", str(machine["venv"]), machine["cache"])
+    assert (machine["venv"] / "d" / "f").read_bytes() == b"x\n"
+    assert (machine["venv"] / "d").stat().st_mode & 0o7777 == 0o555
+
+
+def test_a_restore_drops_set_id_bits_and_write_for_others_as_tarfiles_own_filter_would(machine):
+    setuid = member("venv/tool", data=b"#!/bin/sh\n")
+    setuid[0].mode = 0o6777
+    plant(machine, [member("venv", tarfile.DIRTYPE), setuid])
+    wipe(machine)
+    envcache.restore("abc123", str(machine["venv"]), machine["cache"])
+    assert (machine["venv"] / "tool").stat().st_mode & 0o7777 == 0o755
 
 
 def test_an_entry_with_a_part_gone_is_kept_again_by_the_next_build(machine):
