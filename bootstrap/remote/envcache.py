@@ -267,8 +267,8 @@ class _Guard:
     own members are all it holds): files, folders and links below one of the roots, each root a folder, no
     absolute name, no `.`, `..` or empty part, a hard link only to an earlier regular file, no name twice
     (but a folder), nothing below a symlink, no set-id bits or write for others. A folder stays writable until
-    `finish`, so that a refused archive can always be removed. No system call per member: tarfile's own
-    filter resolves every path, which doubled the unpacking."""
+    `finish`, so that a refused archive can always be removed. No system call per member, where tarfile's
+    own filter resolves every member's path (an lstat per folder above it)."""
 
     def __init__(self, has_python: bool, unpacked: str):
         self.roots = ROOTS if has_python else tuple(root for root in ROOTS if root != "python")

@@ -130,9 +130,7 @@ def open_session(
     else:
         plan = build(files, [*durable, *overrides], name)
     record = runs.RunRecord.load(name)
-    session = Session(
-        plan, driver, console, record, values, overrides=overrides, stack=outputs, token_check=token_check
-    )
+    session = Session(plan, driver, console, record, values, overrides, outputs, token_check=token_check)
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
         session.check_token()
     return session

@@ -283,12 +283,21 @@ def test_a_half_restore_that_cannot_be_removed_is_never_unpacked_into(machine, t
     assert list(outside.iterdir()) == []
 
 
-def test_a_read_only_folder_is_restored_read_only_once_everything_below_it_is_written(machine):
+def test_a_read_only_folder_is_restored_read_only_once_everything_below_it_is_written(machine, monkeypatch):
     folder = member("venv/d", tarfile.DIRTYPE)
     folder[0].mode = 0o555
     plant(machine, [member("venv", tarfile.DIRTYPE), folder, member("venv/d/f", data=b"x\n")])
     wipe(machine)
+    modes, extract = {}, tarfile.TarFile.extract
+
+    def noting(tar, info, path, **kwargs):  # the folder's mode when its file is written (root writes anyway)
+        if info.name == "venv/d/f":
+            modes["while writing"] = os.stat(os.path.join(path, "venv", "d")).st_mode & 0o777
+        return extract(tar, info, path, **kwargs)
+
+    monkeypatch.setattr(tarfile.TarFile, "extract", noting)
     envcache.restore("abc123", str(machine["venv"]), machine["cache"])
+    assert modes["while writing"] & 0o700 == 0o700
     assert (machine["venv"] / "d" / "f").read_bytes() == b"x\n"
     assert (machine["venv"] / "d").stat().st_mode & 0o7777 == 0o555
 
