@@ -5,10 +5,13 @@
 On the loopback host with the Cloud Storage emulator as the bucket (tests/gcslayer.py):
 1. `fab setup` of the CPU tier's environment (maxtext==0.2.3 and its pinned CPU set, tunix) into a new
    venv with an empty uv cache, as a new VM has it: the build, then its upload to the bucket;
-2. a new VM (no state folder, no venv): the same `fab setup` restores it from the bucket;
-3. with --recover, the real recovery of tests/maxtext_cpu/test_real_loss.py's shape: a run lost after its
+2. the built venv and its Python copied with `cp -a` on the same disk: the files any restore writes, so its
+   floor here (a build from this machine's local index is little more than such a copy);
+3. a new VM (no state folder, no venv): the same `fab setup` restores it from the bucket;
+4. with --recover, the real recovery of tests/maxtext_cpu/test_real_loss.py's shape: a run lost after its
    checkpoint of step 2, then `fab train --recover` on a new VM; the time from the command's start to the
-   first resumed training step, against the environment's restore plus Orbax's restore of the checkpoint.
+   first resumed training step, against the environment's restore plus Orbax's restore of the checkpoint,
+   and where that time went (the jobs' runner records and the train log's lines as they came).
 Prints the times and their ratios. The emulator is in memory on the same machine: a real bucket's speed
 is not in these numbers (nor PyPI's: the build downloads from it).
 """
@@ -16,8 +19,10 @@ is not in these numbers (nor PyPI's: the build downloads from it).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
 
+from bootstrap.remote import envcache  # noqa: E402
 from tests import computestub, gcsemulator, gcslayer  # noqa: E402
 from tests.loopback import edit_yaml, loopback_host, wait_for  # noqa: E402
 from tests.maxtext_cpu.conftest import HERE, HOST_ENV, cpu_fab_at, overrides  # noqa: E402
@@ -37,6 +43,7 @@ from tests.stack import INSTANCE, Stack, lose, wipe  # noqa: E402
 KEPT = re.compile(r"environment kept in \S+ \(([\d.]+) GiB in \d+ parts, (\d+) s\)")
 RESTORED = re.compile(r"environment restored from \S+ \(([\d.]+) GiB in (\d+) s\)")
 CHECKPOINT = re.compile(r"Restored params from step: (\d+) in ([\d.]+) seconds")
+RESUMED = re.compile(r"Train step [3-9] training loss")
 
 
 def main() -> None:
@@ -59,6 +66,7 @@ def main() -> None:
             built = timed(fab, "setup", *durable)
             log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
             size, upload = KEPT.search(log).groups()
+            copied = copy_floor(venv)
             wipe(fab)
             restored = timed(fab, "setup", *durable)
             log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
@@ -71,11 +79,26 @@ def main() -> None:
                     f"{restored:.1f} s (the restore itself {restore} s)",
                 ),
                 ("  restored / built", f"{restored / built:.2f}"),
+                ("copying the built environment on its disk (cp -a)", f"{copied:.1f} s: any restore writes as much"),
+                ("  copied / built", f"{copied / built:.2f}"),
             ]
             if options.recover:
                 rows += recovered(fab, host, durable)
     for what, result in rows:
         print(f"{what:56} {result}")
+
+
+def copy_floor(venv: Path) -> float:
+    """The venv and the uv Python it runs on, copied beside them: the files a restore writes, with no download,
+    no hashing and no unpacking."""
+    python = envcache.python_of(str(venv))["installation"]
+    copies = venv.parent / "copies"
+    copies.mkdir()
+    started = time.perf_counter()
+    subprocess.run(["cp", "-a", str(venv), *([python] if python else []), str(copies)], check=True)
+    took = time.perf_counter() - started
+    shutil.rmtree(copies)
+    return took
 
 
 def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -92,31 +115,62 @@ def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
     ]
     timed(stack, "train", *args, "--run-name", "lost", "--detach")
     log = fab.job_dir("lost", "train") / "log"
-    wait_for(lambda: "Train step 3 " in (log.read_text(errors="replace") if log.exists() else ""), 1800)
+
+    def train_log() -> str:
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    wait_for(lambda: "Train step 3 " in train_log(), 1800)
     lose(fab)
     wipe(fab)
     del compute.instances[INSTANCE]
     stack.unreachable("1001")
     stack.after_up("2002")
-    started = time.perf_counter()
+    started = time.time()
     recovering = stack.start("train", *args, "--recover")
-    resumed = re.compile(r"Train step [3-9] training loss")
-    wait_for(lambda: log.exists() and resumed.search(log.read_text(errors="replace")), 1800, "the first resumed step")
-    first_step = time.perf_counter() - started
+    wait_for(lambda: CHECKPOINT.search(train_log()), 1800, "the checkpoint's restore")
+    restored_at = time.time()
+    wait_for(lambda: RESUMED.search(train_log()), 1800, "the first resumed step")
+    resumed_at = time.time()
     recovering.communicate(timeout=1800)
-    setup_log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
-    environment = float(RESTORED.search(setup_log).group(2))
-    step, checkpoint = CHECKPOINT.findall(log.read_text(errors="replace"))[-1]
+    setup = next((fab.tmp / "state" / "setup").glob("*/log")).parent
+    validate = next((fab.tmp / "state" / "shared").glob("validate-*"))
+    environment = float(RESTORED.search((setup / "log").read_text()).group(2))
+    step, checkpoint = CHECKPOINT.findall(train_log())[-1]
     server.shutdown()
-    floor = environment + float(checkpoint)
+    checkpoint_seconds, floor = float(checkpoint), environment + float(checkpoint)
     return [
-        ("recovered VM: fab train --recover to its first resumed step", f"{first_step:.1f} s"),
+        ("recovered VM: fab train --recover to its first resumed step", f"{resumed_at - started:.1f} s"),
         (
-            "  environment restore + checkpoint restore (step " + step + ")",
-            f"{environment:.0f} s + {float(checkpoint):.1f} s",
+            f"  environment restore + checkpoint restore (step {step})",
+            f"{environment:.0f} s + {checkpoint_seconds:.1f} s",
         ),
-        ("  ratio", f"{first_step / floor:.2f}"),
+        ("  ratio", f"{(resumed_at - started) / floor:.2f}"),
+        ("  up to the setup job (the new VM, its startup, fab)", f"{started_at(setup) - started:.1f} s"),
+        ("  setup: the environment restored", f"{finished_at(setup) - started_at(setup):.1f} s"),
+        (
+            "  up to validate, then validate (MaxText's check, JAX)",
+            f"{started_at(validate) - finished_at(setup):.1f} s + {finished_at(validate) - started_at(validate):.1f} s",
+        ),
+        (
+            "  up to train, then its start up to the checkpoint's restore",
+            f"{started_at(log.parent) - finished_at(validate):.1f} s"
+            f" + {restored_at - checkpoint_seconds - started_at(log.parent):.1f} s",
+        ),
+        (
+            "  the checkpoint restored, then the first resumed step",
+            f"{checkpoint_seconds:.1f} s + {resumed_at - restored_at:.1f} s",
+        ),
     ]
+
+
+def started_at(job_dir: Path) -> float:
+    """When the job's runner started on the VM (its wall clock, as runner.json records it)."""
+    return json.loads((job_dir / "runner.json").read_text())["started"]
+
+
+def finished_at(job_dir: Path) -> float:
+    """When the job ended on the VM (result.json)."""
+    return json.loads((job_dir / "result.json").read_text())["finished"]
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
    longer of the two plus the rest (the graph runs them side by side) and against their sum; and
    the gaps on the VM between a job's end and the start of the job that needs it (the runners' times);
 2. `fab train` re-run with everything done, as a ratio to a plain `ssh host true` timed in the same run,
-   and the Hub requests it made; `fab status` as the same ratio;
+   and the Hub requests it made; `fab status` as the same ratio; and a bare Fabric connection running
+   `true` (Python, Fabric's imports, paramiko's handshake): the floor of any tool built on Fabric;
 3. the time fab adds to one job: `fab convert` against a plain `ssh host 'python -m ...'` running the
    same stand-in job with the same arguments;
 4. the peak memory (max RSS) of `fab logs` following a job that writes a --log-mb log.
@@ -49,6 +50,19 @@ def ssh(fab: Fab, command: str) -> float:
     argv = ["ssh", "-q", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-i", str(host.key)]
     started = time.perf_counter()
     subprocess.run([*argv, "-p", str(host.port), f"{host.user}@127.0.0.1", command], check=True)
+    return time.perf_counter() - started
+
+
+def bare_fabric(fab: Fab) -> float:
+    """A Python process that imports Fabric, connects and runs `true`: the floor of any tool built on Fabric."""
+    host = fab.host
+    program = (
+        "import sys; from fabric import Connection; "
+        "Connection('127.0.0.1', user=sys.argv[1], port=int(sys.argv[2]), connect_kwargs={'key_filename': sys.argv[3]})"
+        ".run('true', hide=True)"
+    )
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", program, host.user, str(host.port), str(host.key)], check=True)
     return time.perf_counter() - started
 
 
@@ -114,11 +128,12 @@ def main() -> None:
         times = job_times(fab)
         took, waits = durations(times), gaps(times)
         rest = sum(took[job] for job in ("convert", "train", "export"))
-        reruns, trues, statuses = [], [], []
+        reruns, trues, floors, statuses = [], [], [], []
         hub.requests.clear()
         for _ in range(args.repeat):
             reruns.append(timed(fab, "train", "--arg", "vars.num_batches=4"))
             trues.append(ssh(fab, "true"))
+            floors.append(bare_fabric(fab))
         noop_requests = len(hub.requests) / args.repeat
         for _ in range(args.repeat):
             statuses.append(timed(fab, "status", "--arg", "vars.num_batches=4"))
@@ -156,6 +171,8 @@ def main() -> None:
     print(f"fab train re-run, everything done (median of {args.repeat})                 {median(reruns):7.2f} s")
     print(f"plain `ssh host true` (median)                                    {median(trues):7.2f} s")
     print(f"  re-run as a ratio to ssh true                                   {median(reruns) / median(trues):7.2f}")
+    print(f"a bare Fabric connection running `true` (median)                  {median(floors):7.2f} s")
+    print(f"  as a ratio to ssh true: any Fabric tool's floor                 {median(floors) / median(trues):7.2f}")
     print(f"  Hub requests made by one re-run                                 {noop_requests:7.1f}")
     print(f"fab status (median)                                               {median(statuses):7.2f} s")
     print(f"  as a ratio to ssh true                                          {median(statuses) / median(trues):7.2f}")

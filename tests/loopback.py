@@ -87,6 +87,8 @@ def loopback_host(root: Path, extra_env: dict[str, str] | None = None, sftp: boo
     port = _free_port()
     config = root / "sshd_config"
     # The machine's own network settings (CA bundle, proxy, index), as a VM would have its own.
+    # SHLVL=1: bash runs no ~/.bashrc for a command (it does for a top-level shell run by sshd), as a TPU VM's
+    # Ubuntu .bashrc does nothing for one; this machine's runs `pyenv init` and puts its shims before python3.
     passed = " ".join(
         f"{k}={v}"
         for k, v in {**os.environ, **(extra_env or {})}.items()
@@ -103,7 +105,7 @@ UsePAM no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 PermitRootLogin prohibit-password
-SetEnv PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin:{Path(python312()).parent} {passed}
+SetEnv SHLVL=1 PATH={bin_dir}:/usr/local/bin:/usr/bin:/bin:{Path(python312()).parent} {passed}
 {"Subsystem sftp internal-sftp" if sftp else ""}
 ClientAliveInterval 5
 LogLevel DEBUG1
