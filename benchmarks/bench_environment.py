@@ -5,10 +5,10 @@
 On the loopback host with the Cloud Storage emulator as the bucket (tests/gcslayer.py):
 1. `fab setup` of the CPU tier's environment (maxtext==0.2.3 and its pinned CPU set, tunix) into a new
    venv with an empty uv cache, as a new VM has it: the build, then its upload to the bucket;
-2. the built venv and its Python copied with `cp -a` on the same disk: the files any restore writes, so its
-   floor here (a build from this machine's local index is little more than such a copy);
-3. a new VM (no state folder, no venv): the same `fab setup` restores it from the bucket;
-4. with --recover, the real recovery of tests/maxtext_cpu/test_real_loss.py's shape: a run lost after its
+2. a new VM (no state folder, no venv): the same `fab setup` restores it from the bucket; then the restore's
+   reading alone (the entry read back and verified, nothing unpacked), and the restored venv copied with
+   `cp -a` on the same disk (the files a restore writes, with nothing read from the bucket);
+3. with --recover, the real recovery of tests/maxtext_cpu/test_real_loss.py's shape: a run lost after its
    checkpoint of step 2, then `fab train --recover` on a new VM; the time from the command's start to the
    first resumed training step, against the environment's restore plus Orbax's restore of the checkpoint,
    and where that time went (the jobs' runner records and the train log's lines as they came).
@@ -19,6 +19,7 @@ is not in these numbers (nor PyPI's: the build downloads from it).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -28,20 +29,21 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
 
-from bootstrap.remote import envcache  # noqa: E402
+from bootstrap.remote import envcache, gcs  # noqa: E402
 from tests import computestub, gcsemulator, gcslayer  # noqa: E402
 from tests.loopback import edit_yaml, loopback_host, wait_for  # noqa: E402
 from tests.maxtext_cpu.conftest import HERE, HOST_ENV, cpu_fab_at, overrides  # noqa: E402
 from tests.stack import INSTANCE, Stack, lose, wipe  # noqa: E402
 
 KEPT = re.compile(r"environment kept in \S+ \(([\d.]+) GiB in \d+ parts, (\d+) s\)")
-RESTORED = re.compile(r"environment restored from \S+ \(([\d.]+) GiB in (\d+) s\)")
+RESTORED = re.compile(r"environment restored from (\S+) \(([\d.]+) GiB in (\d+) s\)")
 CHECKPOINT = re.compile(r"Restored params from step: (\d+) in ([\d.]+) seconds")
 RESUMED = re.compile(r"Train step [3-9] training loss")
 
@@ -63,14 +65,17 @@ def main() -> None:
             venv = fab.tmp / "venv"
             edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data["environment"].update(venv=str(venv)))
             durable = ("--arg", f"vars.durable_dir=gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/model")
+            os.sync()  # each timing starts with the disk's earlier writes flushed: none is charged for another's
             built = timed(fab, "setup", *durable)
             log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
             size, upload = KEPT.search(log).groups()
-            copied = copy_floor(venv)
             wipe(fab)
+            os.sync()
             restored = timed(fab, "setup", *durable)
             log = next((fab.tmp / "state" / "setup").glob("*/log")).read_text()
-            restore = float(RESTORED.search(log).group(2))
+            entry, _, restore = RESTORED.search(log).groups()
+            read_back = read_back_time(entry)
+            copied = copy_floor(venv)
             rows = [
                 ("environment size", f"{float(size):.2f} GiB"),
                 ("fab setup on a new VM, built (empty uv cache)", f"{built:.1f} s, of which {upload} s uploading it"),
@@ -79,7 +84,8 @@ def main() -> None:
                     f"{restored:.1f} s (the restore itself {restore} s)",
                 ),
                 ("  restored / built", f"{restored / built:.2f}"),
-                ("copying the built environment on its disk (cp -a)", f"{copied:.1f} s: any restore writes as much"),
+                ("  of the restore: reading the entry back, every part verified", f"{read_back:.1f} s"),
+                ("copying the restored venv on its disk (cp -a)", f"{copied:.1f} s: the files a restore writes"),
                 ("  copied / built", f"{copied / built:.2f}"),
             ]
             if options.recover:
@@ -88,12 +94,26 @@ def main() -> None:
         print(f"{what:56} {result}")
 
 
+def read_back_time(entry: str) -> float:
+    """The restore's reading alone: every part of the kept entry read and verified as restore reads it
+    (envcache's own reader), nothing unpacked."""
+    parts = json.loads(gcs.read(f"{entry}/{envcache.MANIFEST}"))["parts"]
+    os.sync()
+    started = time.perf_counter()
+    with ThreadPoolExecutor(envcache.STREAMS) as pool:
+        stream = io.BufferedReader(envcache._Verified(entry, parts, pool), envcache.PART_BYTES)
+        while stream.read(envcache.PART_BYTES):
+            pass
+    return time.perf_counter() - started
+
+
 def copy_floor(venv: Path) -> float:
-    """The venv and the uv Python it runs on, copied beside them: the files a restore writes, with no download,
-    no hashing and no unpacking."""
+    """The venv (and the uv Python it runs on, when uv installed it) copied beside it: the files a restore
+    writes, with no download, no hashing and no unpacking."""
     python = envcache.python_of(str(venv))["installation"]
     copies = venv.parent / "copies"
     copies.mkdir()
+    os.sync()
     started = time.perf_counter()
     subprocess.run(["cp", "-a", str(venv), *([python] if python else []), str(copies)], check=True)
     took = time.perf_counter() - started
@@ -134,7 +154,7 @@ def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
     recovering.communicate(timeout=1800)
     setup = next((fab.tmp / "state" / "setup").glob("*/log")).parent
     validate = next((fab.tmp / "state" / "shared").glob("validate-*"))
-    environment = float(RESTORED.search((setup / "log").read_text()).group(2))
+    environment = float(RESTORED.search((setup / "log").read_text()).group(3))
     step, checkpoint = CHECKPOINT.findall(train_log())[-1]
     server.shutdown()
     checkpoint_seconds, floor = float(checkpoint), environment + float(checkpoint)
@@ -152,7 +172,7 @@ def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
             f"{started_at(validate) - finished_at(setup):.1f} s + {finished_at(validate) - started_at(validate):.1f} s",
         ),
         (
-            "  up to train, then its start up to the checkpoint's restore",
+            "  from validate's end to train's start, then train_rl's start up to the checkpoint's restore",
             f"{started_at(log.parent) - finished_at(validate):.1f} s"
             f" + {restored_at - checkpoint_seconds - started_at(log.parent):.1f} s",
         ),
