@@ -44,13 +44,18 @@ def timed(fab: Fab, *args: str) -> float:
     return time.perf_counter() - started
 
 
+def wall(argv: list[str]) -> float:
+    """Seconds a command takes to its end; it must succeed."""
+    started = time.perf_counter()
+    subprocess.run(argv, check=True)
+    return time.perf_counter() - started
+
+
 def ssh(fab: Fab, command: str) -> float:
     """A plain OpenSSH client running `command`: the floor any remote tool stands on."""
     host = fab.host
     argv = ["ssh", "-q", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-i", str(host.key)]
-    started = time.perf_counter()
-    subprocess.run([*argv, "-p", str(host.port), f"{host.user}@127.0.0.1", command], check=True)
-    return time.perf_counter() - started
+    return wall([*argv, "-p", str(host.port), f"{host.user}@127.0.0.1", command])
 
 
 def bare_fabric(fab: Fab) -> float:
@@ -61,9 +66,7 @@ def bare_fabric(fab: Fab) -> float:
         "Connection('127.0.0.1', user=sys.argv[1], port=int(sys.argv[2]), connect_kwargs={'key_filename': sys.argv[3]})"
         ".run('true', hide=True)"
     )
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", program, host.user, str(host.port), str(host.key)], check=True)
-    return time.perf_counter() - started
+    return wall([sys.executable, "-c", program, host.user, str(host.port), str(host.key)])
 
 
 def plain_convert(fab: Fab, work_dir: Path) -> float:
@@ -171,9 +174,9 @@ def main() -> None:
     print(f"fab train re-run, everything done (median of {args.repeat})                 {median(reruns):7.2f} s")
     print(f"plain `ssh host true` (median)                                    {median(trues):7.2f} s")
     print(f"  re-run as a ratio to ssh true                                   {median(reruns) / median(trues):7.2f}")
+    print(f"  Hub requests made by one re-run                                 {noop_requests:7.1f}")
     print(f"a bare Fabric connection running `true` (median)                  {median(floors):7.2f} s")
     print(f"  as a ratio to ssh true: any Fabric tool's floor                 {median(floors) / median(trues):7.2f}")
-    print(f"  Hub requests made by one re-run                                 {noop_requests:7.1f}")
     print(f"fab status (median)                                               {median(statuses):7.2f} s")
     print(f"  as a ratio to ssh true                                          {median(statuses) / median(trues):7.2f}")
     print(f"one job through fab convert (median)                              {median(with_fab):7.2f} s")
