@@ -12,11 +12,18 @@
    same stand-in job with the same arguments;
 4. the peak memory (max RSS) of `fab logs` following a job that writes a --log-mb log.
 Needs what the SSH tests need (sshd, uv, a Python 3.12). Prints a small table.
+
+    .venv/bin/python benchmarks/bench_fab.py --against DIR [--repeat 15]
+
+measures 2 and 3 side by side instead: this tree's fab and the one in DIR (another revision's checkout,
+e.g. `git worktree add DIR REV`), each with its own state folder on the same loopback host, their commands
+interleaved, so that both pay what the machine costs at that moment.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -33,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bootstrap.jobs import load  # noqa: E402
 from bootstrap.jobs.load import render, resolve  # noqa: E402
 from tests import hubstub  # noqa: E402
-from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs  # noqa: E402
+from tests.loopback import REPO, Fab, Host, edit_yaml, loopback_host, write_test_jobs  # noqa: E402
 
 
 def timed(fab: Fab, *args: str) -> float:
@@ -111,17 +118,64 @@ def slow_setup_and_prefetch(fab: Fab, seconds: int) -> None:
     )
 
 
+@dataclasses.dataclass
+class OtherFab(Fab):
+    """fab of another checkout (`tree`), with this tree's test harness."""
+
+    tree: Path = REPO
+
+    def command(self, *args: str) -> list[str]:
+        argv = super().command(*args)
+        argv[argv.index(str(REPO))] = str(self.tree)
+        return argv
+
+
+def side_by_side(host: Host, hub: hubstub.Hub, token: str, tmp: Path, other: Path, repeat: int) -> None:
+    """The no-op, status and one-job rows for this tree and `other`, interleaved; medians and ratios."""
+    fabs = {}
+    for name, tree in (("this tree", REPO), (str(other), other)):
+        folder = tmp / ("this" if tree == REPO else "other")
+        write_test_jobs(folder / "jobs", folder, [str(REPO / "tests" / "standin")])
+        fabs[name] = OtherFab(host, folder, token, folder / "jobs", hub, tree)
+        timed(fabs[name], "train", "--arg", "vars.num_batches=4")
+    times: dict[str, list[float]] = {"ssh true": [], "plain ssh job": []}
+    for _ in range(repeat):  # the no-ops first: a convert hands the driver another plan
+        for name, fab in fabs.items():
+            times.setdefault(f"{name}: no-op", []).append(timed(fab, "train", "--arg", "vars.num_batches=4"))
+            times.setdefault(f"{name}: status", []).append(timed(fab, "status", "--arg", "vars.num_batches=4"))
+            times["ssh true"].append(ssh(fab, "true"))
+    for round_ in range(repeat):
+        for name, fab in fabs.items():
+            convert = timed(fab, "convert", "--arg", f"vars.work_dir={fab.tmp}/convert{round_}")
+            times.setdefault(f"{name}: one job", []).append(convert)
+        times["plain ssh job"].append(plain_convert(fabs["this tree"], tmp / f"ssh{round_}"))
+    median = {what: statistics.median(values) for what, values in times.items()}
+    print(f"plain `ssh host true` {median['ssh true']:.3f} s, the job over plain ssh {median['plain ssh job']:.3f} s")
+    for name in fabs:
+        noop, status, job = (median[f"{name}: {what}"] for what in ("no-op", "status", "one job"))
+        true = median["ssh true"]
+        print(
+            f"{name}: no-op {noop:.3f} s ({noop / true:.2f}x), status {status:.3f} s ({status / true:.2f}x), "
+            f"one job +{job - median['plain ssh job']:.3f} s"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--log-mb", type=int, default=200)
+    parser.add_argument("--against", type=Path, help="another checkout: its fab and this tree's, side by side")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory, loopback_host(Path(directory) / "sshd") as host:
         tmp = Path(directory)
         hub, server = hubstub.serve()
         token = "hf_bench" + uuid.uuid4().hex
         hub.tokens[token] = hubstub.Token()
+        if args.against:
+            side_by_side(host, hub, token, tmp, args.against.resolve(), args.repeat)
+            server.shutdown()
+            return
         jobs = tmp / "jobs"
         write_test_jobs(jobs, tmp, [str(REPO / "tests" / "standin")])
         slow_setup_and_prefetch(Fab(host, tmp, token, jobs, hub), args.seconds)

@@ -53,11 +53,3 @@ def connect(outputs: dict, cleaner: Cleaner):
         outputs["bucket"],
         cleaner,
     )
-
-
-def export_url(plan: Plan) -> str | None:
-    """Where a gke plan's export lands in Cloud Storage (None for a VM plan)."""
-    export = next((job for job in plan.jobs if job.name == "export"), None)
-    if export is None or export.runner_spec.get("kind") != "JobSet":
-        return None
-    return export.runner_spec["metadata"]["annotations"][jobsets.OUTPUTS_ANNOTATION].split()[0].rsplit("/", 1)[0]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import sys
 import time
 
@@ -37,7 +36,7 @@ def record_start(environ: dict[str, str]) -> str | None:
     folder = environ.get(DIR_ENV, "").rstrip("/")
     if not folder:
         return None
-    host = socket.gethostname()
+    host = os.uname().nodename
     try:
         steps = (
             jobrunner.finished_steps(os.path.expanduser(environ[CHECKPOINTS_ENV]))

@@ -16,11 +16,10 @@ the plan's autostop time, it shuts the VM down.
                                  with --follow, then stream as `follow` does
     follow STATE_DIR             the pipeline's events and its started jobs' log lines (secrets
                                  redacted) as JSON lines, until the pipeline has ended
-    wake STATE_DIR [--states JOB_DIR...]
-                                 a fab command is here: restart a driver that died mid-pipeline or
+    wake STATE_DIR               a fab command is here: restart a driver that died mid-pipeline or
                                  while it waited to autostop, put autostop back; print the
-                                 pipeline's state as JSON ({"pipeline": ..., "states": [...]} with
-                                 --states: those jobs' states too, in the same process)
+                                 pipeline's state as JSON (fab's own first look calls `wake` from
+                                 facts.py, with the job states it reads ahead)
     revive STATE_DIR [--boot]    what the VM's crontab runs (every few minutes, and at boot), with
                                  no fab command: restart a driver that died (OOM, reboot) as wake
                                  does, without counting as a fab command, at most REVIVALS times a
@@ -50,7 +49,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -79,7 +77,7 @@ REVIVALS = 3  # a driver that keeps dying mid-pipeline with no fab command is no
 # The VM's crontab line that revives a dead driver with no fab command (`{tool}` and `{state}` quoted).
 CRON_LINE = "{when} python3 {tool} revive {state}{boot} >/dev/null 2>&1  # tpu-rl: revive the pipeline driver"
 CRON_TIMES = (("*/5 * * * *", ""), ("@reboot", " --boot"))  # at boot, the idle time counts from then
-POLL_SECONDS = 0.1  # a finished job is noticed, and its dependants started, within this
+POLL_SECONDS = 0.1  # the longest a look waits: a job's end is noticed at once (jobrunner.wait_for_an_end)
 SEEN_EVERY_SECONDS = 10  # a watcher marks itself seen this often
 START_WAIT_SECONDS = 60
 LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -347,13 +345,13 @@ class Driver:
     def _preflight(self) -> list[dict]:
         """The VM's checks; a TPU held by this pipeline's own running job (validate, which train waits for) is
         not in the way of convert, which runs on the CPU beside it."""
-        own = set()
-        for name in self.graph.running:
-            job_dir = os.path.expanduser(self.graph.jobs[name]["job_dir"])
-            process = jobrunner.read_json(os.path.join(job_dir, jobrunner.PROCESS)) or {}
-            if isinstance(process.get("pid"), int):
-                own.add(process["pid"])
+        own = {process["pid"] for process in self._running(jobrunner.PROCESS) if isinstance(process.get("pid"), int)}
         return jobrunner.preflight(self.plan["preflight"], own)
+
+    def _running(self, name: str) -> list[dict]:
+        """That record (RUNNER or PROCESS) of each running job; {} where it has none."""
+        folders = [os.path.expanduser(self.graph.jobs[job]["job_dir"]) for job in sorted(self.graph.running)]
+        return [read_json(os.path.join(folder, name)) or {} for folder in folders]
 
     def wait_to_autostop(self) -> int:
         """A done pipeline whose driver died while it waited to shut the VM down: the wait alone, its idle
@@ -369,7 +367,8 @@ class Driver:
             self.save()
             while self.graph.step():
                 self.save()
-                time.sleep(POLL_SECONDS)
+                processes = self._running(jobrunner.RUNNER) + self._running(jobrunner.PROCESS)
+                jobrunner.wait_for_an_end(processes, POLL_SECONDS)  # a job's end is acted on at once
             outcome = self.graph.outcome
         except OSError as err:  # its own files cannot be written: end the pipeline failed, never restart in a loop
             self.graph.failed["driver"] = jobrunner.os_error_text(err)
@@ -416,6 +415,8 @@ class Driver:
                 command = self.plan["autostop"]["command"]
                 self.emit({"event": "shutdown", "command": command})
                 faults.point("autostop.shutting-down")
+                import subprocess  # here, not above: every fab command starts this tool, and few stop the VM
+
                 try:
                     result = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True)
                     code, error = result.returncode, result.stderr.strip()[-500:]
@@ -603,6 +604,8 @@ def keep_reviving(layout: Layout) -> None:
     given with -H may have none), nothing: its fab commands still wake the driver."""
     tool, state = shlex.quote(os.path.abspath(__file__)), shlex.quote(os.path.abspath(layout.root))
     lines = [CRON_LINE.format(when=when, tool=tool, state=state, boot=boot) for when, boot in CRON_TIMES]
+    import subprocess  # here, not above: every fab command starts this tool, and few start a pipeline
+
     ours = CRON_LINE.rsplit("#", 1)[1]
     try:
         listed = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30)
@@ -730,8 +733,8 @@ def follow(layout: Layout, out=None) -> int:
                     send([{"event": "finished", "state": record["state"], "failed": record.get("failed", {})}])
                 out.flush()
                 return 0
-            if not busy:
-                time.sleep(jobrunner.FOLLOW_POLL_SECONDS)
+            if not busy:  # the driver's end (its last event written) is read at once
+                jobrunner.wait_for_an_end([record], jobrunner.FOLLOW_POLL_SECONDS)
 
 
 def _same_file(handle, path: str) -> bool:
@@ -760,10 +763,6 @@ def main(argv: list[str]) -> int:
             return 0
         if command in ("wake", "revive"):
             record = wake(layout) if command == "wake" else revive(layout, "--boot" in args[1:])
-            if command == "wake" and args[1:2] == ["--states"]:  # fab's install: one Python started, not two
-                with jobrunner.gcs.quick():
-                    states = [jobrunner.job_state(os.path.expanduser(job_dir)) for job_dir in args[2:]]
-                record = {"pipeline": record, "states": states}
             print(json.dumps(record))
             return 0
         if command == "start":

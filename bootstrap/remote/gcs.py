@@ -3,7 +3,8 @@
 Standard library only (it runs before any environment exists), through the JSON API: the
 VM's (or the pod's Workload Identity) service account token from the metadata server, or with STORAGE_EMULATOR_HOST (the
 variable google-cloud-storage reads) an emulator, without credentials. The big objects are
-MaxText's own business: it writes and reads its checkpoints in the bucket itself.
+MaxText's own business: it writes and reads its checkpoints in the bucket itself. urllib is
+imported where it is used: every fab command starts a tool on the VM, and most never reach the bucket.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import json
 import os
 import re
 import time
-import urllib.error
-import urllib.parse
 from collections.abc import Callable, Iterator
 
 try:
@@ -53,7 +52,7 @@ def _headers() -> dict[str, str]:
     if "STORAGE_EMULATOR_HOST" in os.environ:
         return {}
     if time.time() > _token[1] - REFRESH_SECONDS:
-        import urllib.request  # on use: most of the VM's tool runs never reach the bucket
+        import urllib.request
 
         server = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")  # google-auth's variable
         asked = urllib.request.Request(f"http://{server}{TOKEN_PATH}", headers={"Metadata-Flavor": "Google"})
@@ -82,7 +81,7 @@ def _call(url: str, data: bytes | None = None, method: str = "GET", parse: Calla
     QUICK_SECONDS within `quick` (retry.py: the gke driver's policy too, and Cloud Storage's advice of
     exponential backoff)."""
 
-    import urllib.request  # on use: most of the VM's tool runs never reach the bucket
+    import urllib.request
 
     def once():
         request = urllib.request.Request(url, data=data, method=method, headers=_headers())
@@ -99,6 +98,8 @@ def names(url: str) -> list[str]:
 
 def sizes(url: str) -> dict[str, int]:
     """Every object below the prefix `url`: its gs:// URL and its size."""
+    import urllib.parse
+
     bucket, prefix = split(url)
     found, page = {}, None
     while True:
@@ -132,6 +133,9 @@ def matches(glob: str, listing: Callable[[str], list[str]] = names) -> list[str]
 
 def read(url: str) -> bytes | None:
     """An object's bytes; None when there is none."""
+    import urllib.error
+    import urllib.parse
+
     bucket, name = split(url)
     try:
         return _call(f"{_base()}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media")
@@ -180,6 +184,8 @@ def local_target(folder: str, relative: str) -> str | None:
 
 
 def write(url: str, data: bytes) -> None:
+    import urllib.parse
+
     bucket, name = split(url)
     query = urllib.parse.urlencode({"uploadType": "media", "name": name})
     _call(f"{_base()}/upload/storage/v1/b/{bucket}/o?{query}", data=data, method="POST")
@@ -188,6 +194,8 @@ def write(url: str, data: bytes) -> None:
 def probe(url: str) -> str | None:
     """What keeps this machine from working below `url` as MaxText does (it reads the bucket's metadata,
     then writes and reads objects), or None."""
+    import urllib.error
+
     bucket, _ = split(url)
     check = f"{url.rstrip('/')}/tpu-rl/probe"
     try:

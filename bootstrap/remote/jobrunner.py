@@ -33,9 +33,8 @@ import hashlib
 import json
 import os
 import re
+import select
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -169,6 +168,30 @@ def alive(record: dict | None) -> bool:
     return bool(record) and record.get("start") is not None and _start_time(record["pid"]) == record["start"]
 
 
+def wait_for_an_end(records: list[dict | None], seconds: float) -> None:
+    """Sleep `seconds`, or less: until one of the live processes these records name ends (a pidfd each), so
+    that what follows a process's end is done at once, not at the next look."""
+    handles, ends = [], select.poll()
+    try:
+        for record in (r for r in records if r and isinstance(r.get("pid"), int) and alive(r)):
+            try:
+                handles.append(os.pidfd_open(record["pid"]))
+            except ProcessLookupError:  # it ended just now
+                return
+            except (AttributeError, OSError):  # no pidfds (Linux before 5.3): those opened, or a plain sleep
+                break
+            if not alive(record):  # it ended, or its pid names another process now, since it was looked at
+                return
+            ends.register(handles[-1], select.POLLIN)
+        if handles:
+            ends.poll(seconds * 1000)
+        else:
+            time.sleep(seconds)
+    finally:
+        for handle in handles:
+            os.close(handle)
+
+
 def finished_steps(directory: str, listing=gcs.names) -> list[int]:
     """The finished steps under a checkpoint directory, in order: on a disk Orbax renames a step's temporary
     folder when it is complete; in Cloud Storage it writes commit_success.txt into the step's folder last
@@ -192,7 +215,7 @@ def latest_step(directory: str) -> str:
 def resolve_runtime(text: str) -> str:
     def replace(match: re.Match) -> str:
         if match.group(1) == "hostname":
-            return socket.gethostname()
+            return os.uname().nodename
         return latest_step(os.path.expanduser(match.group(2)))
 
     return DEFERRED.sub(replace, text)
@@ -301,7 +324,7 @@ def _expand(value: str) -> str:
 
 def _wait_gone(record: dict) -> None:
     while alive(record):
-        time.sleep(1)
+        wait_for_an_end([record], 1)
 
 
 class _Job:
@@ -327,6 +350,8 @@ class _Job:
             faults.point("run.forgot-step-exit-code")
         # The command starts only once its process is recorded: a runner that dies before that leaves no
         # unrecorded copy running beside the next attempt (the shell reads "go", or EOF, and then exits).
+        import subprocess  # here, not above: every fab command starts a tool on the VM, and few start a process
+
         wrapper = ["/bin/sh", "-c", GO_THEN_RUN, exit_file, *argv]
         cwd = os.path.expanduser(self.spec.get("cwd", "~"))
         child = subprocess.Popen(
@@ -361,7 +386,7 @@ class _Job:
     def run(self) -> int:
         """Run (or adopt) the job, then write its verdict."""
         self.inputs = inputs_digest(self.spec.get("inputs") or [])  # as the job is about to read them
-        write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": socket.gethostname()})
+        write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": os.uname().nodename})
         faults.point("run.recorded-runner")
         exit_code, error = 1, None
         with open(self.path(LOG), "ab", buffering=0) as log:
@@ -479,6 +504,8 @@ def launch(job_dir: str, spec_text: str) -> dict:
 def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS):
     """Start `argv` detached (its own session; its output appended to `err_path`) and return `ready(pid)`'s
     first true answer. Raises RuntimeError with what it wrote when it ended first or took over `wait` s."""
+    import subprocess  # here, not above: every fab command starts a tool on the VM, and few start a process
+
     offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
     with open(err_path, "ab") as err:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)

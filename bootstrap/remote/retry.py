@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import urllib.error
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -29,6 +28,7 @@ def may_pass(err: BaseException) -> bool:
     an answer that is not JSON (a proxy's error page); not a certificate that fails verification."""
     import http.client  # here, not above: every fab command starts a tool on the VM, and few calls fail
     import ssl
+    import urllib.error
 
     if isinstance(err, urllib.error.HTTPError):
         return err.code == 429 or err.code >= 500

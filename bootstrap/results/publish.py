@@ -14,9 +14,6 @@ from types import MappingProxyType
 from rich.markup import escape
 
 from ..errors import UserError
-from ..gke import jobsets
-from ..gke import session as gke_session
-from ..gke.session import export_url
 from ..jobs.plan import DURABLE_DIR, Plan, PlannedJob, runner_spec
 from ..jobs.spec import PipelineSpec
 from ..remote import evals, manifest
@@ -113,6 +110,8 @@ def hub_job(plan: Plan, folder: str, publish_if: str | None = None) -> PlannedJo
 def gke_hub_job(plan: Plan, outputs: dict) -> PlannedJob:
     """The Hub upload as a JobSet after export's. train's log is not kept in the bucket, so the card says
     that no eval results were recorded."""
+    from ..gke import jobsets, session  # a gke stack only
+
     name = f"{DURABLE_PREFIX}hub"
     jobset = jobsets.hub_jobset(
         name,
@@ -121,10 +120,18 @@ def gke_hub_job(plan: Plan, outputs: dict) -> PlannedJob:
         _hub_flags(plan),
         _hub_env(),
         model_card(plan),
-        gke_session.target_of(outputs, plan.spec),
+        session.target_of(outputs, plan.spec),
         plan.run_name,
     )
     return PlannedJob(name, jobset["metadata"]["name"], MappingProxyType(jobset), ("export",), target=_hub_target(plan))
+
+
+def export_url(plan: Plan) -> str | None:
+    """Where a gke plan's export lands in Cloud Storage (None for a VM plan)."""
+    export = next((job for job in plan.jobs if job.name == "export"), None)
+    if export is None or export.runner_spec.get("kind") != "JobSet":
+        return None
+    return export.runner_spec["metadata"]["annotations"][OUTPUTS_ANNOTATION].split()[0].rsplit("/", 1)[0]
 
 
 STACK_BUCKET = "gs://<stack-bucket>"  # what `fab plan` shows offline for results.gcs: stack

@@ -1,8 +1,8 @@
 """The VM as fab sees it: a narrow interface over one SSH connection.
 
 install, prepare, drive, states and follow are all a command needs; each is one call
-to the VM's side (bootstrap/remote/: jobrunner.py owns the job protocol, driver.py the
-pipeline), which goes on without fab. Commands run on raw SSH channels (one round trip
+to the VM's side (bootstrap/remote/: facts.py answers a command's first look, jobrunner.py
+owns the job protocol, driver.py the pipeline), which goes on without fab. Commands run on raw SSH channels (one round trip
 each, output read in full only for short commands; a followed log or a pipeline's
 events stream in chunks, so memory stays bounded).
 """
@@ -13,6 +13,8 @@ import hashlib
 import json
 import shlex
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,24 +50,12 @@ TOOLS = (
     "envcache.py",
     "manifest.py",
 )
+FACTS_COMMAND = shlex.join(["python3", "-I", "-c", (REMOTE_SCRIPTS / "facts.py").read_text()])  # answers `ask`
 CHUNK = 64 * 1024
 IDLE_SECONDS = 5
 COMMAND_TIMEOUT_SECONDS = 120
 STARTUP_WAIT_SECONDS = 30 * 60
-
-
-def _pipeline(text: str | None) -> dict | None:
-    """The driver's record from `wake` (None: no pipeline yet); what it said instead, when it failed."""
-    try:
-        return json.loads(text) if text else None
-    except json.JSONDecodeError:
-        return {"error": text}
-
-
-def _field(listing: str, name: str) -> str | None:
-    """The value of the `name VALUE` line of a listing."""
-    line = next((line for line in listing.splitlines() if line.startswith(f"{name} ")), "")
-    return line.removeprefix(f"{name} ").strip() or None
+STARTUP_UNREAD_SECONDS = 60  # how long the startup script's state may fail to be read before that is the error
 
 
 class ConnectionLost(UserError):
@@ -200,6 +190,16 @@ class Vm:
 
     # --- the interface ------------------------------------------------------------------------
 
+    def ask(self, request: dict, what: str) -> dict:
+        """The VM's answer to `request` (remote/facts.py, sent with the command), in one round trip."""
+        out = self.check(FACTS_COMMAND, what, json.dumps(request).encode())
+        try:
+            return json.loads(out)
+        except json.JSONDecodeError:
+            raise UserError(
+                f"{self.name}: {what}: the VM's answer was not JSON: {self.clean(out.strip()[-300:])}"
+            ) from None
+
     def install(
         self,
         secrets: dict[str, str] | None = None,
@@ -215,57 +215,50 @@ class Vm:
 
         Returns the VM's current run (the one later commands continue), if any; keeps the pipeline's state.
         """
-        q = shlex.quote
-        root, bin_dir, secrets_dir = self.layout.root, self.layout.bin, self.layout.secrets
-        wake = f"echo pipeline $({self.wake_command(read_ahead)} 2>&1 | tr '\\n' ' ')"
-        expected = "".join(f"{hashlib.sha256((REMOTE_SCRIPTS / t).read_bytes()).hexdigest()}  {t}\n" for t in TOOLS)
-        current = f"printf %s {q(expected)} | sha256sum -c --status"  # wake only with these tools: never an old driver
-        paths = " ".join(q(f"{secrets_dir}/{name}") for name in secrets or {})
-        facts = f"(cd && sha256sum {paths}; stat -c 'mode %a %n' {paths}) 2>/dev/null;" if paths else ""
-        if startup_marker:
-            facts += f" {startup.facts_command(startup_marker)};"
-        if runs is not None:
-            facts += f" {current} && printf 'runs %s\\n' \"$({self.runs_command(runs)})\";"
-        out = self.check(
-            f"umask 077 && mkdir -p {q(bin_dir)} {q(secrets_dir)} && chmod 700 {q(root)} {q(bin_dir)} {q(secrets_dir)}"
-            f" && (cd {q(bin_dir)} && sha256sum {' '.join(TOOLS)} 2>/dev/null;"
-            f" echo current-run $(cat {q(self.layout.current_run)} 2>/dev/null); {current} && {wake}; {facts} true)",
-            "preparing the state folder",
-        )
-        fields = {line.split()[1]: line.split()[0] for line in out.splitlines() if len(line.split()) == 2}
-        self.facts = {
-            "digests": fields,
-            "modes": {line.split()[2]: line.split()[1] for line in out.splitlines() if line.startswith("mode ")},
-            "startup": startup.parse(out),
+        tools = {tool: hashlib.sha256((REMOTE_SCRIPTS / tool).read_bytes()).hexdigest() for tool in TOOLS}
+        layout = self.layout
+        state = {"root": layout.root, "private": [layout.root, layout.bin, layout.secrets], "bin": layout.bin}
+        # woken only with these tools (never an old driver), and only then with the job states and the runs
+        request = {
+            "state": {**state, "current_run": layout.current_run},
+            "tools": tools,
+            "read_ahead": list(read_ahead),
         }
-        changed = [
-            tool
-            for tool in TOOLS
-            if fields.get(tool) != hashlib.sha256((REMOTE_SCRIPTS / tool).read_bytes()).hexdigest()
-        ]
-        woken = out
-        if changed:
+        if runs is not None:
+            request["runs"] = runs
+        secret_paths = [f"{layout.secrets}/{name}" for name in secrets or {}]
+        found = self.ask(
+            {**request, "secrets": secret_paths, **self._startup_request(startup_marker)}, "preparing the state folder"
+        )
+        self.facts = {
+            "digests": {path: fact["digest"] for path, fact in found["secrets"].items()},
+            "modes": {path: fact["mode"] for path, fact in found["secrets"].items()},
+            "startup": startup.parse(found.get("startup", "")),
+        }
+        if changed := [tool for tool in TOOLS if found["tools"].get(tool) != tools[tool]]:
             sftp = self._sftp()
             for tool in changed:  # beside, then renamed: a tool starting meanwhile reads the old or the new, whole
-                target = self._sftp_path(f"{bin_dir}/{tool}")
+                target = self._sftp_path(f"{layout.bin}/{tool}")
+                beside = f"{target}.{uuid.uuid4().hex[:12]}.new"  # its own: another fab may put one at once
                 with self._io():
-                    sftp.put(str(REMOTE_SCRIPTS / tool), f"{target}.new")
-                    sftp.posix_rename(f"{target}.new", target)
-            woken = self.check(wake, "waking the pipeline")  # the woken pipeline as these tools see it
-        self.pipeline = _pipeline(_field(woken, "pipeline"))
-        if read_ahead and self.pipeline and "states" in self.pipeline:  # woken by these tools: read with the wake
-            states, self.pipeline = self.pipeline["states"], self.pipeline["pipeline"]
-            self.read_ahead = (tuple(read_ahead), [JobStatus.from_json(item) for item in states])
-        listed = next((line[len("runs ") :] for line in out.splitlines() if line.startswith("runs {")), None)
-        if runs is not None and listed and not changed:
-            self.runs_ahead = json.loads(listed)
-        return _field(out, "current-run")
+                    sftp.put(str(REMOTE_SCRIPTS / tool), beside)
+                    sftp.posix_rename(beside, target)
+            request["state"]["put"] = changed
+            found |= self.ask(request, "waking the pipeline")  # the woken pipeline as these tools see it
+            if found["tools"] != tools:
+                raise UserError(
+                    f"{self.name}: tpu-rl's tools in {layout.bin} changed again as they were put there (another fab "
+                    "of another version at the same time?); run the command again"
+                )
+        self.pipeline = found.get("pipeline")
+        if read_ahead and "states" in found:  # read with the wake
+            self.read_ahead = (tuple(read_ahead), [JobStatus.from_json(item) for item in found["states"]])
+        self.runs_ahead = found.get("runs")
+        return found["current_run"]
 
-    def wake_command(self, read_ahead: tuple[str, ...] = ()) -> str:
-        """Wake the pipeline; with `read_ahead`, read those jobs' states in the same Python process."""
-        return self.runner(
-            "wake", self.layout.root, *(["--states", *read_ahead] if read_ahead else []), tool="driver.py"
-        )
+    def _startup_request(self, marker: str) -> dict:
+        """facts.py's request for the startup script's state (nothing without a marker)."""
+        return {"startup": {"marker": marker, "failure_record": startup.failure_record(marker)}} if marker else {}
 
     def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:
         """The secrets stored on the VM where `install` found them missing, changed or too widely readable.
@@ -388,24 +381,33 @@ class Vm:
     def wait_for_startup(self, marker: str, log: str, console: Console) -> None:
         """Wait for the startup script's marker, showing its log meanwhile; a failure record ends the wait
         at once, in one line with the failed step and the log's last lines."""
-        offset, deadline = 0, time.monotonic() + STARTUP_WAIT_SECONDS
-        q = shlex.quote
+        offset, deadline, last_lines = 0, time.monotonic() + STARTUP_WAIT_SECONDS, deque(maxlen=5)
+        said, unread_since = False, None
         while True:
-            code, out, _ = self.execute(
-                f"{startup.facts_command(marker)}; test -f {q(marker)} && exit 0;"
-                f" test -f {q(startup.failure_record(marker))} && {{ tail -n 5 {q(log)} 2>/dev/null; exit 4; }};"
-                f" tail -c +{offset + 1} {q(log)} 2>/dev/null; exit 3"
-            )
-            if code == 0:
+            request = {**self._startup_request(marker), "log": {"path": log, "offset": offset}}
+            try:
+                found = self.ask(request, "reading the startup script's state")
+                unread_since = None
+            except ConnectionLost:
+                raise
+            except UserError:  # the script's apt upgrade may be replacing python3 itself: looked at again, for a while
+                unread_since = unread_since or time.monotonic()
+                if time.monotonic() - unread_since > STARTUP_UNREAD_SECONDS:
+                    raise
+                found = {"startup": "startup running", "log": {"text": "", "end": offset}}
+            state = startup.parse(found["startup"])
+            if state.state is startup.StartupState.DONE:
                 return
-            state, _, shown = out.partition("\n")
-            if code == 4:
-                raise startup.failed(self.name, startup.parse(state), log, shown.splitlines())
-            if offset == 0:
+            if not said and state.state is startup.StartupState.RUNNING:
                 console.print(f"{self.name}: waiting for the startup script ({marker})")
-            offset += len(shown.encode())
-            for line in lines([shown.encode()]):
-                console.print(f"  startup | {self.clean(line)}", markup=False, highlight=False)
+                said = True
+            offset = found["log"]["end"]
+            for line in lines([found["log"]["text"].encode()]):
+                last_lines.append(self.clean(line))
+                if state.state is startup.StartupState.RUNNING:
+                    console.print(f"  startup | {last_lines[-1]}", markup=False, highlight=False)
+            if state.state is startup.StartupState.FAILED:
+                raise startup.failed(self.name, state, log, list(last_lines))
             if time.monotonic() > deadline:
                 raise UserError(
                     f"{self.name}: the startup script did not finish in {STARTUP_WAIT_SECONDS // 60} min; see {log}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import json
 import posixpath
-import shlex
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -50,19 +49,8 @@ def failure_record(marker: str) -> str:
     return posixpath.join(posixpath.dirname(marker), FAILED_NAME)
 
 
-def facts_command(marker: str) -> str:
-    """Shell that prints one line: `startup done WHEN`, `startup failed RECORD` or `startup running`."""
-    q = shlex.quote
-    return (
-        f"if test -f {q(marker)}; then echo \"startup done $(head -c 100 {q(marker)} | tr -d '\\n')\";"
-        f" elif test -f {q(failure_record(marker))};"
-        f" then echo \"startup failed $(head -c 1000 {q(failure_record(marker))} | tr -d '\\n')\";"
-        " else echo startup running; fi"
-    )
-
-
 def parse(out: str) -> Startup:
-    """The state from `facts_command`'s line in `out`; a record that is not JSON still counts as failed."""
+    """The state from the `startup ...` line in `out` (remote/facts.py); a record that is not JSON still counts as failed."""
     line = next((line for line in out.splitlines() if line.startswith("startup ")), "startup running")
     _, state, rest = (line.split(" ", 2) + [""])[:3]
     if state == StartupState.DONE.value:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -269,3 +271,21 @@ def test_a_copy_whose_source_is_gone_stays_done_unless_the_plan_copies_another(t
     assert jobrunner.job_state(str(job), elsewhere)["state"] == "stale"
     source.write_text("def  model.safetensors\n")  # exported again
     assert jobrunner.job_state(str(job), spec)["state"] == "stale"
+
+
+def test_a_wait_ends_when_a_process_it_watches_ends_and_never_early_for_one_gone_before():
+    """The driver's look after a job's end comes at once, not at the end of its poll: a wait of a minute on a
+    process that ends now returns long before. A process that ended before, or a pid that now names another
+    process, never cuts a wait short (the driver would spin): the wait is then the whole sleep."""
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    record = jobrunner.identity(process.pid)
+    began = time.monotonic()
+    ender = threading.Timer(0.5, process.stdin.close)  # the process ends half a second into the wait
+    ender.start()
+    jobrunner.wait_for_an_end([None, {}, record], 60)
+    assert 0.4 < time.monotonic() - began < 30
+    process.wait()
+    reused = {**jobrunner.identity(os.getpid()), "start": "1"}  # this pid, another start time: not that process
+    began = time.monotonic()
+    jobrunner.wait_for_an_end([record, reused], 0.3)
+    assert time.monotonic() - began >= 0.3

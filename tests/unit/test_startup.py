@@ -12,6 +12,7 @@ import pytest
 from bootstrap.jobs import environment
 from bootstrap.jobs.spec import EnvironmentSpec, VmSpec
 from bootstrap.paths import REPO
+from bootstrap.remote import facts
 from bootstrap.vm import startup
 from tests.startupscript import SCRIPT, StartupRoot
 
@@ -24,8 +25,8 @@ def vm(tmp_path) -> StartupRoot:
 
 
 def record(vm: StartupRoot) -> startup.Startup:
-    """The failure record as fab reads it (the shell line fab's command prints for it)."""
-    return startup.parse(f"startup failed {vm.failed.read_text().strip()}")
+    """The failure record as fab reads it (the line remote/facts.py answers for it)."""
+    return startup.parse(facts.startup_line(str(vm.marker), str(vm.failed)))
 
 
 def test_a_lock_held_for_a_while_is_waited_out(vm: StartupRoot):
