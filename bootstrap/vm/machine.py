@@ -217,13 +217,10 @@ class Vm:
         """
         tools = {tool: hashlib.sha256((REMOTE_SCRIPTS / tool).read_bytes()).hexdigest() for tool in TOOLS}
         layout = self.layout
-        state = {"root": layout.root, "private": [layout.root, layout.bin, layout.secrets], "bin": layout.bin}
+        private = [layout.root, layout.bin, layout.secrets]
+        state = {"root": layout.root, "private": private, "bin": layout.bin, "current_run": layout.current_run}
         # woken only with these tools (never an old driver), and only then with the job states and the runs
-        request = {
-            "state": {**state, "current_run": layout.current_run},
-            "tools": tools,
-            "read_ahead": list(read_ahead),
-        }
+        request = {"state": state, "tools": tools, "read_ahead": list(read_ahead)}
         if runs is not None:
             request["runs"] = runs
         secret_paths = [f"{layout.secrets}/{name}" for name in secrets or {}]
@@ -243,7 +240,7 @@ class Vm:
                 with self._io():
                     sftp.put(str(REMOTE_SCRIPTS / tool), beside)
                     sftp.posix_rename(beside, target)
-            request["state"]["put"] = changed
+            state["put"] = changed
             found |= self.ask(request, "waking the pipeline")  # the woken pipeline as these tools see it
             if found["tools"] != tools:
                 raise UserError(
