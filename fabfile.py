@@ -1,5 +1,6 @@
 """Entry point for `fab`: every task of bootstrap/tasks at the top level (fab --list)."""
 
+import atexit
 import gc
 import sys
 
@@ -15,5 +16,6 @@ for module in (jobs_tasks, pipeline_tasks, results_tasks, host_tasks):
     for task in Collection.from_module(module).tasks.values():
         ns.add_task(task)
 
-# What is imported lives until exit: no garbage collection walks it again, at exit either (0.05 s a command)
+# What is imported lives until exit: garbage collections skip it, and the one at exit skips everything (0.05 s)
 gc.freeze()
+atexit.register(gc.freeze)

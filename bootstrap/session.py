@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from rich.console import Console
 
+from . import beside
 from .jobs.plan import Plan
 from .results.runs import RunRecord
 
@@ -18,7 +19,7 @@ class TokenCheck:
 
     def __init__(self, token: str, model: str | None, repo: str):
         self._done, self._lines, self._error = threading.Event(), [], None
-        threading.Thread(target=self._check, args=(token, model, repo), daemon=True).start()  # never holds up exit
+        beside.start(lambda: self._check(token, model, repo), finish=True)
 
     def _check(self, token: str, model: str | None, repo: str) -> None:
         try:

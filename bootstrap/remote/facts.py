@@ -2,9 +2,11 @@
 
 Sent with the command itself (`python3 -I -c`, the request as JSON on stdin, the answer as one JSON line
 on stdout), so it works on a VM that has none of tpu-rl's tools yet; a shell doing the same starts a
-dozen processes, which cost a fab command more than the Python. Isolated (-I): nothing in the SSH
-user's home or environment shadows the standard library. Paths are as SFTP reads them: relative ones
-in the home folder. Every part of the request is optional:
+dozen processes, which cost a fab command more than the Python. fab starts it while it still checks its
+jobs (vm/dial.py): it waits for the request, and a command that stopped before asking leaves it nothing to
+do (an empty request). Isolated (-I): nothing in the SSH user's home or environment shadows the standard
+library. Paths are as SFTP reads them: relative ones in the home folder. Every part of the request is
+optional:
 
     state       the state folder (jobrunner.Layout's paths, from the laptop: `root`, `private`, `bin`,
                 `current_run`): its private folders made (mode 700), the cached bytecode of the tools the
@@ -122,8 +124,10 @@ def answer(request: dict) -> dict:
 
 
 if __name__ == "__main__":
+    if not (request := sys.stdin.read()):  # started ahead (vm/dial.py), and fab stopped before asking: nothing to do
+        sys.exit(0)
     try:
-        print(json.dumps(answer(json.load(sys.stdin))))
+        print(json.dumps(answer(json.loads(request))))
     except Exception as err:  # noqa: BLE001 - one line for fab to show, not a traceback
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
         sys.exit(1)

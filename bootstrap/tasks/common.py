@@ -1,4 +1,8 @@
-"""What every task shares: the --arg option, turning problems into a clean exit, sessions."""
+"""What every task shares: the --arg option, turning problems into a clean exit, opening a session.
+
+Light on purpose: `fab` imports every task module for every command, so the task modules import what a
+task needs inside it, and a command that drives the VM dials it before the heavy imports (open_session).
+"""
 
 from __future__ import annotations
 
@@ -6,24 +10,18 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from fabric import Connection
 from invoke import Context, Exit
 from rich.console import Console
 
 from .. import secrets
 from ..errors import StoppedWatching, UserError
-from ..jobs import check, load
-from ..jobs.plan import DURABLE_DIR, Plan, build, check_local, check_run_name, secret_sources
-from ..paths import jobs_dir
-from ..remote import gcs
-from ..remote.jobrunner import JobState, Layout
-from ..results import runs
-from ..results.publish import durable_jobs, durable_overrides
-from ..session import Session, TokenCheck
-from ..vm import connect
-from ..vm.machine import Vm
-from ..vm.output import Cleaner
+from ..jobs.checked import LocalInputs
+from ..vm.dial import Dial
+
+if TYPE_CHECKING:
+    from ..session import Session
 
 ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_batches=100, vars.num_batches=100, convert.--lazy_load_tensors=True"
 RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
@@ -60,115 +58,15 @@ def reports_errors(body: Callable) -> Callable:
     return wrapper
 
 
-def open_session(
-    c: Context,
-    overrides: list[str],
-    run_name: str | None = None,
-    new_run: bool = False,
-    runs_jobs: bool = True,
-    recover: bool = False,
-    reads_states: bool = False,
-) -> Session:
-    """Check everything local first, then connect, choose the run, and build the one plan.
+def open_session(c: Context, overrides: list[str], run_name: str | None = None, **options: bool) -> Session:
+    """The command's session (tasks/sessions.py, which says what the `options` are). Inputs that passed the local
+    checks before dial the VM at once: the connection opens while the jobs' schema imports and the checks run
+    again (jobs/checked.py)."""
+    inputs = LocalInputs(overrides, run_name, options)
+    dial = Dial(c, console.print, connects=not options.get("recover")) if inputs.passed_before() else None
+    from . import sessions  # the jobs' schema (pydantic) and everything a session needs
 
-    Commands that start jobs (`runs_jobs`) also need the jobs' secrets, checked before connecting. Those that
-    show the jobs' states (`reads_states`) read them with the install's round trip, for the run expected.
-    A stack of the gke backend is driven through its cluster, everything else over SSH; `recover`
-    first recreates the stack's VM if it is gone.
-    """
-    files = load.read(jobs_dir())
-    pipeline = check_local(files, overrides)
-    if run_name is not None:
-        check_run_name(run_name)
-    outputs = None if isinstance(c, Connection) else connect.stack_outputs()
-    connect.refuse_several_hosts(c, outputs)
-    target = gke_session().target_of(outputs, pipeline.spec) if outputs and outputs.get("backend") == "gke" else None
-    planned_with = gke_session().overrides(files, target, overrides) if target else overrides
-    sources = secret_sources(pipeline)
-    values = secrets.require(sources) if runs_jobs else secrets.available(sources)
-    if target and recover:
-        raise UserError("--recover recreates the vm backend's VM; on gke the cluster replaces lost nodes itself")
-    expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
-    token_check = (
-        TokenCheck(values["HF_TOKEN"], check.base_model_of(pipeline), pipeline.spec.results.hub_repo)
-        if runs_jobs and "HF_TOKEN" in values and _work_likely(expected, overrides)
-        else None
-    )
-    if target:
-        console.print(f"connecting to the GKE cluster {outputs['cluster_name']} (Pulumi stack outputs)")
-        driver = gke_session().connect(outputs, Cleaner(values.values()))
-        source = f"{runs.runs_dir()}/{runs.CURRENT}"
-    else:
-        if recover:
-            outputs = connect.recover(outputs, console.print)
-        conn = connect.connection(c, console.print, outputs)
-        console.print(f"connecting to {conn.host} ({'-H' if outputs is None else 'Pulumi stack outputs'})")
-        driver = Vm(
-            connect.open_connection(conn, outputs), Layout(pipeline.spec.vm.state_dir), Cleaner(values.values())
-        )
-        source = f"{driver.name}:{driver.layout.current_run}"
-    durable = [] if target else durable_overrides(pipeline.spec, outputs)
-    ahead = _read_ahead(build(files, [*durable, *overrides], expected), outputs, runs_jobs) if expected else ()
-    current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
-    if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
-        # A VM with no run of its own (a new one, or a -H host recreated): the run this machine last handed to that
-        # same VM carries on where its durable state is kept, rather than a new run from step 0 beside it.
-        if recover:
-            current, source = laptop, f"{runs.runs_dir()}/{runs.CURRENT} (the lost VM's run)"
-        elif runs.RunRecord.load(laptop).machine == driver.identity and gcs.is_gcs(
-            kept := durable_dir(files, pipeline, outputs, overrides)
-        ):  # handed to this same host and state folder before (not another VM's live run)
-            current, source = laptop, f"{runs.runs_dir()}/{runs.CURRENT}"
-            console.print(
-                f"{driver.name} has no run of its own: carrying on with this machine's run {laptop}, whose model and "
-                f"checkpoints are kept in {kept} (--new-run starts another)"
-            )
-    name, why = choose_run(current, source, run_name, new_run)
-    console.print(f"run {name} ({why}) on {driver.name}")
-    if target:
-        plan = gke_session().plan(files, planned_with, name, target)
-    else:
-        plan = build(files, [*durable, *overrides], name)
-    record = runs.RunRecord.load(name)
-    session = Session(plan, driver, console, record, values, overrides, outputs, token_check=token_check)
-    if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
-        session.check_token()
-    return session
-
-
-def _work_likely(expected: str | None, overrides: list[str]) -> bool:
-    """This machine's guess, before connecting, that the command will start a job: a new run, or the run last
-    run with other settings or not seen done here. The Hub check then runs beside the connection; only a
-    guess: a no-op as this machine last saw it asks the Hub nothing, and no job starts before the check."""
-    if expected is None:
-        return True
-    record = runs.RunRecord.load(expected)
-    return (
-        record.settings != list(overrides)
-        or not record.jobs
-        or any(job.get("state") != JobState.DONE.value for job in record.jobs.values())
-    )
-
-
-def _read_ahead(plan: Plan, outputs: dict | None, runs_jobs: bool) -> tuple[str, ...]:
-    """The job folders whose states the install reads for the run expected: its jobs, and for a command that
-    runs them the durable copies too (a no-op `fab train` then knows in that one round trip)."""
-    jobs = [*plan.jobs, *(durable_jobs(plan, outputs) if runs_jobs else [])]
-    return tuple(job.job_dir for job in jobs)
-
-
-def durable_dir(files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str]) -> str:
-    """Where the plan keeps the converted model and the checkpoints (vars.durable_dir; gs://: in a bucket)."""
-    return load.resolve(files, [*durable_overrides(pipeline.spec, outputs), *overrides]).values.get(DURABLE_DIR, "")
-
-
-def choose_run(current: str | None, source: str, requested: str | None, new: bool) -> tuple[str, str]:
-    """The run to work on and why: asked for, the current one (kept at `source`), or a new one."""
-    if requested:
-        return requested, "given with --run-name"
-    if not new and current:
-        return check_run_name(current, source), "the current run"
-    return runs.new_run_name(), "a new run"
+    return sessions.open_session(c, inputs, dial, overrides, run_name, **options)
 
 
 def prepare(session: Session) -> None:

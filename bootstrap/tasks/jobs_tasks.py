@@ -1,4 +1,7 @@
-"""Offline tasks: show and check the pipeline without contacting anything."""
+"""Offline tasks: show and check the pipeline without contacting anything.
+
+Each imports what it needs inside it (tasks/common.py says why).
+"""
 
 from __future__ import annotations
 
@@ -6,16 +9,10 @@ import json
 import subprocess
 import sys
 
-import yaml
 from fabric import task
 
 from ..errors import UserError
-from ..jobs import load
-from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name, validation_args
-from ..jobs.show import plan_dict, plan_text
 from ..paths import REPO, jobs_dir
-from ..results import runs
-from ..results.publish import durable_overrides
 from .common import ARG_HELP, RUN_HELP, console, gke_session, reports_errors
 
 NEW_RUN = "new-run"  # the run name `fab plan --stack` shows before a run exists
@@ -33,6 +30,14 @@ NEW_RUN = "new-run"  # the run name `fab plan --stack` shows before a run exists
 @reports_errors
 def plan(c, arg=None, json_=False, run_name=None, stack=None):
     """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi CLI)."""
+    import yaml
+
+    from ..jobs import load
+    from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name
+    from ..jobs.show import plan_dict, plan_text
+    from ..results import runs
+    from ..results.publish import durable_overrides
+
     files = load.read(jobs_dir())
     pipeline = check_local(files, arg or [])
     name = check_run_name(run_name) if run_name is not None else runs.current_run()
@@ -60,6 +65,10 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
 @reports_errors
 def check(c, arg=None, python="python3"):
     """Run MaxText's own validator on every job's arguments (needs maxtext, not a TPU)."""
+    from ..jobs import load
+    from ..jobs.plan import build, check_local, validation_args
+    from ..results import runs
+
     files = load.read(jobs_dir())
     check_local(files, arg or [])
     built = build(files, arg or [], runs.current_run() or "check")

@@ -1,4 +1,7 @@
-"""Tasks that drive the VM: build the environment, run jobs, show state and logs."""
+"""Tasks that drive the VM: build the environment, run jobs, show state and logs.
+
+Each imports what it needs once its session is open (tasks/common.py says why).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,8 @@ import sys
 from datetime import datetime
 
 from fabric import task
-from rich.table import Table
 
 from ..errors import UserError
-from ..jobs.load import SETUP
-from ..results import runs
-from ..results.publish import durable_jobs, report
-from ..vm import pipeline
-from ..vm.machine import Vm
-from ..vm.progress import result_lines
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
@@ -22,12 +18,19 @@ DETACH_HELP = "return as soon as the pipeline runs on the VM (watch it later wit
 
 
 def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False, recover=False) -> None:
-    """Bring the selected jobs (all by default, and then the durable copies) to done on the VM."""
-    session = open_session(c, arg or [], run_name, new_run, recover=recover, reads_states=True)
+    """Bring the selected jobs (`only` and setup; all by default, and then the durable copies) to done on the VM."""
+    session = open_session(c, arg or [], run_name, new_run=new_run, recover=recover, reads_states=True)
+    from ..jobs.load import SETUP
+    from ..results.publish import durable_jobs, report
+    from ..vm import pipeline
+    from ..vm.machine import Vm
+
     plan = session.plan
     names = plan.names if only is None else [n for n in plan.names if n in (SETUP, *only)]
     if not names:  # `fab setup` on gke: the image is the environment
-        raise UserError(f"{session.vm.name} has no {', '.join(only)} job: the gke backend runs a prebuilt image")
+        raise UserError(
+            f"{session.vm.name} has no {', '.join(only or [SETUP])} job: the gke backend runs a prebuilt image"
+        )
     durable = durable_jobs(plan, session.stack) if only is None else []
     jobs = [plan.job(name) for name in names] + durable
     if isinstance(session.vm, Vm):
@@ -50,7 +53,7 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
 @reports_errors
 def setup(c, arg=None):
     """Build the MaxText environment on the VM (a no-op in seconds when the spec is unchanged)."""
-    _run(c, arg, None, "setup", only=[SETUP])
+    _run(c, arg, None, "setup", only=[])
 
 
 @task(
@@ -91,6 +94,13 @@ def _clock(ts):
 def status(c, arg=None, run_name=None):
     """Show the VM's pipeline (running, done or failed, since when, autostop) and each job of the run."""
     session = open_session(c, arg or [], run_name, runs_jobs=False, reads_states=True)
+    from rich.table import Table
+
+    from ..results import runs
+    from ..vm import pipeline
+    from ..vm.machine import Vm
+    from ..vm.progress import result_lines
+
     if isinstance(session.vm, Vm):
         startup = f"startup script: {session.vm.facts['startup'].describe()}"
         lines = [startup, *pipeline.status_lines(getattr(session.vm, "pipeline", None))]
@@ -119,6 +129,8 @@ def status(c, arg=None, run_name=None):
 def logs(c, job=None, arg=None, run_name=None):
     """Follow a job's log on the VM; Ctrl-C stops following, never the job."""
     session = open_session(c, arg or [], run_name, runs_jobs=False, reads_states=job is None)
+    from ..jobs.load import SETUP
+
     if job is None:
         states = dict(zip(session.plan.names, session.vm.states([j.job_dir for j in session.plan.jobs]), strict=True))
         started = [name for name, state in states.items() if state.state.value != "pending"]

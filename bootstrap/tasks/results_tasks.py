@@ -1,4 +1,7 @@
-"""Tasks that bring results home: metrics, plots and the exported model."""
+"""Tasks that bring results home: metrics, plots and the exported model.
+
+Each imports what it needs inside it (tasks/common.py says why).
+"""
 
 from __future__ import annotations
 
@@ -7,22 +10,17 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fabric import Connection, task
-from rich.table import Table
 
 from .. import secrets
 from ..errors import UserError
-from ..jobs import load
-from ..jobs.plan import Plan, build
-from ..paths import jobs_dir, runs_dir
-from ..remote import attempts
-from ..remote.jobrunner import Layout
-from ..results import runs, side_by_side
-from ..results.publish import durable_overrides, hub_job, report
-from ..vm import connect, pipeline
-from ..vm.machine import Vm
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
+
+if TYPE_CHECKING:
+    from ..jobs import load
+    from ..jobs.plan import Plan
 
 
 @task(name="metrics", iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP})
@@ -32,6 +30,8 @@ def fetch_metrics(c, arg=None, run_name=None):
     from ..results import metrics  # matplotlib and TensorBoard take half a second to import: only here
 
     session = open_session(c, arg or [], run_name, runs_jobs=False)
+    from ..remote import attempts
+
     train = next((job for job in session.plan.rendered if job.progress), None)
     if train is None:
         raise UserError("the pipeline has no job with progress.tensorboard_dir: nothing to read")
@@ -87,6 +87,10 @@ def download(c, dest=None, arg=None, run_name=None):
 def publish(c, arg=None, run_name=None):
     """Upload the run's model to results.hub_repo although results.publish_if held it back (the Hub check first)."""
     session = open_session(c, arg or [], run_name)
+    from ..results.publish import hub_job, report
+    from ..vm import pipeline
+    from ..vm.machine import Vm
+
     plan = session.plan
     if not plan.spec.results.hub_repo:
         raise UserError("results.hub_repo is not set in jobs/pipeline.yaml: there is no Hub repository to publish to")
@@ -107,6 +111,12 @@ def publish(c, arg=None, run_name=None):
 def list_runs(c, json_=False):
     """This stack's runs side by side, from this machine's records, the VM and its bucket: settings, before -> after
     accuracy, chip-hours, where the model is."""
+    from rich.table import Table
+
+    from ..jobs import load
+    from ..paths import jobs_dir, runs_dir
+    from ..results import runs, side_by_side
+
     say = (lambda text: print(text, file=sys.stderr)) if json_ else console.print
     files = load.read(jobs_dir())
     try:
@@ -146,6 +156,14 @@ def list_runs(c, json_=False):
 def _listed(c, files: load.JobFiles, say) -> tuple[dict, str, Callable, int]:
     """What the VM and its bucket hold of every run, in one round trip (the install's, with current tools); the
     VM's name; what jobs/ renders now for a run and its --args (None: it no longer renders); its chips."""
+    from ..jobs import load
+    from ..jobs.plan import build
+    from ..remote.jobrunner import Layout
+    from ..results import side_by_side
+    from ..results.publish import durable_overrides
+    from ..vm import connect
+    from ..vm.machine import Vm
+
     outputs = None if isinstance(c, Connection) else connect.stack_outputs()
     if outputs and outputs.get("backend") == "gke":
         raise UserError("a gke stack: fab runs reads the vm backend's VM and bucket only")

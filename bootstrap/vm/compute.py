@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from .. import beside
 from ..errors import UserError
 
 # For tests: a local stand-in of the Compute Engine API (plain http, no credentials).
@@ -24,8 +25,9 @@ T = TypeVar("T")
 
 
 def instances_client():
-    from google.api_core.client_options import ClientOptions
-    from google.cloud import compute_v1
+    with beside.importing():  # also called in the dial's thread (vm/dial.py)
+        from google.api_core.client_options import ClientOptions
+        from google.cloud import compute_v1
 
     endpoint = os.environ.get(COMPUTE_API_ENV)
     if endpoint:
@@ -38,9 +40,10 @@ def instances_client():
 
 def ask(what: str, permission: str, project: str, call: Callable[[], T], not_found: T) -> T:
     """One API call, its failures in one line each; `not_found` when the API answers 404."""
-    import requests
-    from google.api_core import exceptions
-    from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
+    with beside.importing():
+        import requests
+        from google.api_core import exceptions
+        from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
 
     try:
         return call()

@@ -143,8 +143,13 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
 def _open(conn: Connection) -> Connection:
     where = f"{conn.user}@{conn.host}:{conn.port}"
     timeout = conn.connect_timeout
+    sock = None
     try:
+        if not conn.gateway:  # a ProxyJump or ProxyCommand brings its own socket
+            sock = conn.connect_kwargs["sock"] = _socket(conn.host, conn.port, timeout)
         conn.open()
+    except Unreachable as err:
+        raise UserError(f"{where}: cannot reach it ({err}); is the address right, and the VM running?") from None
     except paramiko.BadHostKeyException as err:
         raise UserError(
             f"{where}: the host key changed: expected {hostkeys.describe(err.expected_key)}, got {hostkeys.describe(err.key)}. "
@@ -175,5 +180,28 @@ def _open(conn: Connection) -> Connection:
             f"{where}: the SSH handshake failed within {timeout} s ({err or type(err).__name__}); "
             "is this the VM's SSH port, and is the VM overloaded?"
         ) from None
+    finally:
+        conn.connect_kwargs.pop("sock", None)  # used once: opened again, the connection makes its own
+        if sock is not None and (conn.transport is None or conn.transport.sock is not sock):
+            sock.close()  # never handed to the SSH transport
     conn.transport.set_keepalive(KEEPALIVE_SECONDS)
     return conn
+
+
+def _socket(host: str, port: int, timeout: float) -> socket.socket:
+    """The TCP connection, without Nagle's delay. fab's messages are small and each waits for its answer;
+    with it, a message written in two parts waited for the server's delayed ACK (40 ms on Linux): on the
+    loopback host the SSH handshake took 0.07 s instead of 0.03 s, and a request sent with its EOF, or a
+    command's start on a new channel, 0.045 s more."""
+    try:
+        sock = socket.create_connection((host, port), timeout)
+    except (ConnectionRefusedError, TimeoutError, socket.gaierror):
+        raise
+    except OSError as err:  # no route, network unreachable: said as such, not as a refusal or a handshake
+        raise Unreachable(err.strerror or str(err)) from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class Unreachable(OSError):
+    """No TCP connection to the VM, for a reason other than a refusal or a timeout."""

@@ -102,13 +102,40 @@ class JobStatus:
         )
 
 
+def _exec(conn: Connection, command: str, timeout: float) -> paramiko.Channel:
+    """`command` started on a channel of its own (closed again when it could not start)."""
+    transport = conn.client.get_transport() if conn.is_connected else None
+    if transport is None or not transport.is_active():
+        raise EOFError("the SSH transport is closed")
+    channel = transport.open_session(timeout=timeout)
+    try:
+        channel.settimeout(timeout)
+        channel.exec_command(command)
+    except BaseException:
+        channel.close()
+        raise
+    return channel
+
+
+def start_asking(conn: Connection) -> paramiko.Channel | None:
+    """facts.py started before its request is known (vm/dial.py): it waits on stdin, and changes nothing on
+    the VM until the request comes. None when that failed: the first `ask` then starts it and says why."""
+    try:
+        return _exec(conn, FACTS_COMMAND, COMMAND_TIMEOUT_SECONDS)
+    except (OSError, EOFError, paramiko.SSHException):
+        return None
+
+
 class Vm:
     """One VM over one SSH connection, in tpu-rl's terms."""
 
-    def __init__(self, conn: Connection, layout: Layout, cleaner: Cleaner | None = None):
+    def __init__(
+        self, conn: Connection, layout: Layout, cleaner: Cleaner | None = None, asking: paramiko.Channel | None = None
+    ):
         self.conn = conn
         self.layout = layout
         self.clean = cleaner or Cleaner()
+        self.asking = asking  # facts.py started ahead of its request (start_asking): the first `ask`'s channel
         self.pipeline: dict | None = None  # the VM's pipeline as `install` found it (driver.py's record)
         self.read_ahead: tuple[tuple[str, ...], list[JobStatus]] | None = None  # job states `install` read
         self.runs_ahead: dict | None = None  # the runs `install` listed (driver.py runs)
@@ -152,14 +179,13 @@ class Vm:
             ) from None
 
     def _open(self, command: str, timeout: float) -> paramiko.Channel:
+        started, self.asking = self.asking, None
+        if started is not None and command == FACTS_COMMAND and not (started.closed or started.exit_status_ready()):
+            return started  # started ahead and still waiting for its request (a facts.py that ended: started again)
+        if started is not None:
+            started.close()
         with self._io():
-            transport = self.conn.client.get_transport() if self.conn.is_connected else None
-            if transport is None or not transport.is_active():
-                raise EOFError("the SSH transport is closed")
-            channel = transport.open_session(timeout=timeout)
-            channel.settimeout(timeout)
-            channel.exec_command(command)
-            return channel
+            return _exec(self.conn, command, timeout)
 
     def execute(self, command: str, stdin: bytes | None = None) -> tuple[int, str, str]:
         """A short command: (exit code, stdout, stderr), in one round trip."""

@@ -163,6 +163,17 @@ def fab_at(fab: Fab, target: str, *args: str, key: Path | None = None) -> subpro
     return subprocess.run(command, env=fab.env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
+def test_fabs_connection_sends_each_message_at_once(ssh_host):
+    """TCP_NODELAY from the handshake on: with Nagle's algorithm, a message written in two parts (a request,
+    then its EOF) waited for the server's delayed ACK, 40 ms a round trip on Linux."""
+    conn = Connection(
+        "127.0.0.1", user=ssh_host.user, port=ssh_host.port, connect_kwargs={"key_filename": str(ssh_host.key)}
+    )
+    with open_connection(conn) as opened:
+        assert opened.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        assert "sock" not in opened.connect_kwargs  # opened again, it makes a socket of its own
+
+
 def test_connection_refused_is_one_line(fab: Fab):
     result = fab_at(fab, f"{fab.host.user}@127.0.0.1:{free_port()}", "status")
     assert result.returncode == 2
@@ -202,6 +213,9 @@ def test_several_hosts_are_refused_with_a_pointer_to_gke(fab: Fab):
     train = subprocess.run(command, env=offline, capture_output=True, text=True, timeout=120)
     assert train.returncode == 2 and "drives one VM, but 2 hosts were given" in train.stderr, train.stderr
     assert "checking the Hugging Face token" not in train.stdout and "Hub" not in train.stderr
+    no_token = {k: v for k, v in offline.items() if k != "HF_TOKEN"} | {"HF_HOME": str(fab.tmp / "no-hf-home")}
+    train = subprocess.run(command, env=no_token, capture_output=True, text=True, timeout=120)
+    assert train.returncode == 2 and "drives one VM, but 2 hosts were given" in train.stderr, train.stderr
 
 
 def test_a_closed_pipe_ends_quietly(fab: Fab):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.jobs import checked
 from bootstrap.paths import REPO
 
 FAB = str(Path(sys.executable).with_name("fab"))
@@ -240,38 +241,70 @@ def limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
-@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + RUN_NAME_CASES, ids=str)
-def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
+def fab_train(tmp_path: Path, listener: socket.socket, case: Case, *options: str) -> tuple[int, str, str, object]:
+    """`fab train` with the case's jobs/ and arguments, the VM and the Hub both at `listener`: its exit code,
+    output, error and resource usage. Killed after 60 s."""
     jobs = tmp_path / "jobs"
-    shutil.copytree(REPO / "jobs", jobs)
+    if not jobs.exists():
+        shutil.copytree(REPO / "jobs", jobs)
     if case.file:
         path = jobs / case.file
         path.write_bytes(case.change(path.read_bytes()))
     port = listener.getsockname()[1]
-    env = {
+    command = [FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", *options, "train", *case.args]
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        process = subprocess.Popen(
+            command, env=fab_env(tmp_path, port), stdout=out, stderr=err, preexec_fn=limit_memory
+        )
+        timer = threading.Timer(60, process.kill)
+        timer.start()
+        _, status, usage = os.wait4(process.pid, 0)
+        timer.cancel()
+        out.seek(0), err.seek(0)
+        return os.waitstatus_to_exitcode(status), out.read(), err.read(), usage
+
+
+def fab_env(tmp_path: Path, port: int) -> dict[str, str]:
+    return {
         **os.environ,
-        "TPU_RL_JOBS": str(jobs),
+        "TPU_RL_JOBS": str(tmp_path / "jobs"),
         "TPU_RL_RUNS": str(tmp_path / "runs"),
         "HF_TOKEN": "hf_" + "x" * 34,
         "HF_ENDPOINT": f"http://127.0.0.1:{port}",
         "HOME": str(tmp_path),
     }
-    command = [FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", "train", *case.args]
-    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=err, preexec_fn=limit_memory)
-        timer = threading.Timer(60, process.kill)
-        timer.start()
-        _, status, usage = os.wait4(process.pid, 0)
-        timer.cancel()
-        process.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    assert process.returncode == 2, (stdout, stderr)
-    assert case.expect in stderr, stderr
+
+
+def one_clean_error(returncode: int, stdout: str, stderr: str, expect: str) -> None:
+    assert returncode == 2, (stdout, stderr)
+    assert expect in stderr, stderr
     assert "Traceback" not in stdout + stderr
     assert not re.search(r"[\x1b\x07\x9b]", stderr), "a control character reached the terminal"
     lines = stderr.strip().splitlines()
     assert all(line.startswith("error: ") for line in lines) and len(lines) <= 3, stderr
+
+
+@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + RUN_NAME_CASES, ids=str)
+def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
+    returncode, stdout, stderr, usage = fab_train(tmp_path, listener, case)
+    one_clean_error(returncode, stdout, stderr, case.expect)
     assert not contacted(listener), "contacted the VM or the Hub before refusing"
     assert usage.ru_utime + usage.ru_stime < CPU_SECONDS
     assert usage.ru_maxrss < MAX_RSS_MB * 1024
+
+
+def test_inputs_remembered_as_passed_dial_at_once_yet_a_failed_check_comes_first_and_waits_for_nothing(
+    tmp_path, listener, monkeypatch
+):
+    """The memo of inputs that passed (jobs/checked.py) only starts the dial early: were it ever wrong, the
+    check's error still comes first, and fab does not wait for a VM that answers nothing (a 100 s timeout
+    here; it is killed at 60 s)."""
+    case = next(c for c in ARG_CASES if c.name == "unknown job")
+    shutil.copytree(REPO / "jobs", tmp_path / "jobs")
+    for name, value in fab_env(tmp_path, listener.getsockname()[1]).items():
+        monkeypatch.setenv(name, value)
+    as_train_opens_its_session = {"new_run": False, "recover": False, "reads_states": True}  # tasks/pipeline_tasks.py
+    checked.LocalInputs(list(case.args[1::2]), None, as_train_opens_its_session).passed()  # forged: it never passed
+    returncode, stdout, stderr, _ = fab_train(tmp_path, listener, case, "-t", "100")
+    one_clean_error(returncode, stdout, stderr, case.expect)
+    assert contacted(listener), "the remembered inputs did not dial the VM early"

@@ -117,3 +117,19 @@ def test_the_startup_script_and_its_log(home: Path):
     assert tail["text"].endswith("E: the last line\n") and len(tail["text"]) == LOG_CHUNK
     marker.write_text("2026-12-03T10:00:00Z\n")
     assert ask(home, request)["startup"] == "startup done 2026-12-03T10:00:00Z"  # the marker wins
+
+
+def test_started_ahead_and_never_asked_it_changes_nothing(home: Path):
+    """fab starts facts.py while it checks its jobs (vm/dial.py); a command whose checks fail closes it unasked."""
+    (home / "state").mkdir(mode=0o755)
+    done = subprocess.run(
+        ["/bin/sh", "-c", FACTS_COMMAND],
+        input="",
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert sorted(p.name for p in home.rglob("*")) == ["state"] and (home / "state").stat().st_mode & 0o777 == 0o755

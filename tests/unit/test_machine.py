@@ -62,6 +62,44 @@ def test_a_pipeline_stream_that_drops_is_the_connection_lost_not_its_end(monkeyp
         list(vm.drive({"digest": "x"}))
 
 
+class AnsweringChannel(ClosedChannel):
+    """A command's channel that answers `out` and exits 0; `ended`: its command ended before it was asked."""
+
+    def __init__(self, out: bytes = b"", ended: bool = False):
+        self.out, self.ended, self.closed = out, ended, False
+
+    def makefile(self, mode):
+        return SimpleNamespace(read=lambda: self.out)
+
+    def makefile_stderr(self, mode):
+        return SimpleNamespace(read=lambda: b"")
+
+    def recv_exit_status(self):
+        return 0
+
+    def exit_status_ready(self):
+        return self.ended
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("ended", [False, True], ids=["waiting", "ended"])
+def test_the_first_look_uses_facts_started_ahead_unless_it_ended(monkeypatch, ended: bool):
+    """Started by the dial while the jobs were checked: its request goes there, no command more. One that ended
+    first (python3 being replaced on the VM) is started again, so its own error is what fab says."""
+    ahead = AnsweringChannel(b'{"ahead": true}', ended=ended)
+    started = []
+    monkeypatch.setattr(
+        machine, "_exec", lambda conn, command, timeout: started.append(command) or AnsweringChannel(b"{}")
+    )
+    vm = machine.Vm(SimpleNamespace(host="vm"), Layout("tpu-rl"), asking=ahead)
+    assert vm.ask({}, "looking") == ({} if ended else {"ahead": True})
+    assert started == ([machine.FACTS_COMMAND] if ended else []) and ahead.closed
+    vm.ask({}, "looking again")  # started ahead only for the first look
+    assert len(started) == (2 if ended else 1)
+
+
 class LocalVm(machine.Vm):
     """The VM side run here for real, from `home` as an SSH session starts: each command through a shell, and
     SFTP on the same folder. `put` hooks the SFTP uploads (another fab writing the same tool at once)."""
