@@ -11,7 +11,9 @@ On the loopback host with the Cloud Storage emulator as the bucket (tests/gcslay
 3. with --recover, the real recovery of tests/maxtext_cpu/test_real_loss.py's shape: a run lost after its
    checkpoint of step 2, then `fab train --recover` on a new VM; the time from the command's start to the
    first resumed training step, against the environment's restore plus Orbax's restore of the checkpoint,
-   and where that time went (the jobs' runner records and the train log's lines as they came).
+   and where that time went (the jobs' runner records and the train log's lines as they came); with
+   --cache-on-vm, JAX's compiled programs are kept on the VM and lost with it (base.yml's ~/jax_cache), not
+   beside the checkpoints (jobs/train.yaml): the new VM compiles train's programs again.
 Prints the times and their ratios. The emulator is in memory on the same machine: a real bucket's speed
 is not in these numbers (nor PyPI's: the build downloads from it).
 """
@@ -51,6 +53,7 @@ RESUMED = re.compile(r"Train step [3-9] training loss")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recover", action="store_true", help="also measure a recovered VM's way to training")
+    parser.add_argument("--cache-on-vm", action="store_true", help="with --recover: JAX's cache lost with the VM")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
@@ -89,7 +92,8 @@ def main() -> None:
                 ("  copied / built", f"{copied / built:.2f}"),
             ]
             if options.recover:
-                rows += recovered(fab, host, durable)
+                on_vm = ("--arg", "train.jax_cache_dir=${work_dir}/jax-cache") if options.cache_on_vm else ()
+                rows += recovered(fab, host, (*durable, *on_vm))
     for what, result in rows:
         print(f"{what:56} {result}")
 
@@ -121,7 +125,7 @@ def copy_floor(venv: Path) -> float:
     return took
 
 
-def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
+def recovered(fab, host, settings: tuple[str, ...]) -> list[tuple[str, str]]:
     """A run lost after its checkpoint of step 2, recovered on a new VM: up to its first resumed step."""
     compute, server = computestub.serve()
     compute.host_keys[INSTANCE] = [tuple(host.host_key.read_text().split()[:2])]
@@ -129,7 +133,7 @@ def recovered(fab, host, durable: tuple[str, ...]) -> list[tuple[str, str]]:
     inputs = fab.tmp / "inputs"
     subprocess.run([fab.tmp / "venv" / "bin" / "python", HERE / "make_inputs.py", inputs], check=True)
     args = [word for o in overrides(inputs, 6) for word in ("--arg", o)] + [
-        *durable,
+        *settings,
         "--arg",
         "train.checkpoint_period=2",
     ]

@@ -26,6 +26,8 @@ from tests.maxtext_cpu.conftest import HERE, Release, cpu_fab_at, overrides
 from tests.stack import INSTANCE, Stack, lose, wipe
 
 STEPS, LOST_AFTER = 4, 2
+COMPILER = "jax._src.compiler"
+TRAIN_STEP_HIT = "Persistent compilation cache hit for 'jit__train_step'"  # JAX's line, at debug level
 
 
 def ended(fab: Fab) -> bool:
@@ -55,6 +57,7 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
             *overrides(inputs, STEPS, release),
             f"vars.durable_dir={durable}",
             f"train.env.TPU_RL_CPU_HOLD_FILE={hold}",
+            f"train.env.JAX_DEBUG_LOG_MODULES={COMPILER}",  # JAX's own lines on its persistent cache
         ]
         args = [word for override in overridden for word in ("--arg", override)]
 
@@ -105,6 +108,15 @@ def test_the_new_vm_reused_the_converted_model_and_resumed_training_from_the_las
     assert f"resumed at step {LOST_AFTER}" in out  # its Pre eval scored the restored weights, and says so
     assert "RL Training Completed Successfully!" in log
     assert jobrunner.finished_steps(recovery["actor"]) == list(range(1, STEPS + 1))
+
+
+def test_the_new_vm_loaded_the_train_step_the_lost_one_compiled(recovery: dict):
+    """jobs/train.yaml keeps JAX's compiled programs beside the checkpoints: the lost VM compiled train's step
+    and wrote it there (its log has no hit: the folder was new), and the new VM loaded it instead."""
+    kept = gcs.sizes(f"{recovery['durable']}/jax-cache/")
+    assert any(name.rsplit("/", 1)[1].startswith("jit__train_step-") for name in kept), sorted(kept)
+    assert TRAIN_STEP_HIT not in recovery["first_log"]
+    assert TRAIN_STEP_HIT in recovery["log"]
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,8 @@ REFERENCE = {
     "train": """python3 -m maxtext.trainers.post_train.rl.train_rl model_name=llama3.1-8b-Instruct
       load_parameters_path=$MODEL_CHECKPOINT_DIRECTORY/0/items run_name=$RUN_NAME
       base_output_directory=$BASE_OUTPUT_DIRECTORY chips_per_vm=8 num_batches=50
-      learning_rate_schedule_steps=0 checkpoint_period=5 max_num_checkpoints_to_keep=2 num_test_batches=42 eval_batch_size=32 rollout_data_parallelism=1 rollout_tensor_parallelism=-1""",
+      learning_rate_schedule_steps=0 checkpoint_period=5 max_num_checkpoints_to_keep=2 num_test_batches=42 eval_batch_size=32 rollout_data_parallelism=1 rollout_tensor_parallelism=-1
+      jax_cache_dir=/dev/shm/llama3.1-8b-Instruct/jax-cache""",
     "export": """python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=llama3.1-8b-Instruct
       load_parameters_path=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/$NUM_BATCHES/model_params
       base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained/ scan_layers=True
@@ -184,6 +185,11 @@ def test_a_convert_to_another_place_is_another_job():
     local, bucket = rendered(), rendered(["vars.durable_dir=gs://b/p/llama"])
     assert local["convert"].key != bucket["convert"].key
     assert bucket["convert"].outputs == [f"gs://b/p/llama/mt-format/{bucket['convert'].key}/0/items"]
+
+
+def test_train_keeps_its_compiled_programs_where_the_checkpoints_are():
+    """A new VM that resumes the run finds JAX's cache in the bucket (base.yml's ~/jax_cache is lost with the VM)."""
+    assert "jax_cache_dir=gs://b/p/llama/jax-cache" in rendered(["vars.durable_dir=gs://b/p/llama"])["train"].argv
 
 
 def test_a_key_of_no_job_is_refused_with_its_origin():
