@@ -55,6 +55,8 @@ def main() -> None:
     parser.add_argument("--recover", action="store_true", help="also measure a recovered VM's way to training")
     parser.add_argument("--cache-on-vm", action="store_true", help="with --recover: JAX's cache lost with the VM")
     options = parser.parse_args()
+    if options.cache_on_vm and not options.recover:
+        parser.error("--cache-on-vm changes only what --recover measures")
     with tempfile.TemporaryDirectory() as directory:
         tmp = Path(directory)
         vm_env = HOST_ENV | {"UV_CACHE_DIR": str(tmp / "uv-cache")}  # a new VM's empty uv cache

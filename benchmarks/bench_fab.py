@@ -17,7 +17,8 @@ Needs what the SSH tests need (sshd, uv, a Python 3.12). Prints a small table.
 
 measures 2 and 3 side by side instead: this tree's fab and the one in DIR (another revision's checkout,
 e.g. `git worktree add DIR REV`), each with its own state folder on the same loopback host, their commands
-interleaved, so that both pay what the machine costs at that moment.
+interleaved, so that both pay what the machine costs at that moment; --hf-login gives both fabs the token as
+`hf auth login` stores it (a file in the Hugging Face home) instead of in HF_TOKEN.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bootstrap import secrets  # noqa: E402
 from bootstrap.jobs import load  # noqa: E402
 from bootstrap.jobs.load import render, resolve  # noqa: E402
 from tests import hubstub  # noqa: E402
@@ -123,6 +125,20 @@ class OtherFab(Fab):
     """fab of another checkout (`tree`), with this tree's test harness."""
 
     tree: Path = REPO
+    hf_login: bool = False  # the token as `hf auth login` stores it, not in HF_TOKEN
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.hf_login:
+            (self.home / ".cache" / "huggingface").mkdir(parents=True, exist_ok=True)
+            (self.home / ".cache" / "huggingface" / "token").write_text(self.token)
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.hf_login:
+            for name in (*secrets.HUB_TOKEN_SETTINGS, "HF_OIDC_RESOURCE", "HUGGINGFACE_CO_STAGING"):
+                env.pop(name, None)
+        return env
 
     def command(self, *args: str) -> list[str]:
         argv = super().command(*args)
@@ -130,13 +146,13 @@ class OtherFab(Fab):
         return argv
 
 
-def side_by_side(host: Host, hub: hubstub.Hub, token: str, tmp: Path, other: Path, repeat: int) -> None:
+def side_by_side(host: Host, hub: hubstub.Hub, token: str, tmp: Path, other: Path, repeat: int, hf_login: bool) -> None:
     """The no-op, status and one-job rows for this tree and `other`, interleaved; medians and ratios."""
     fabs = {}
     for name, tree in (("this tree", REPO), (str(other), other)):
         folder = tmp / ("this" if tree == REPO else "other")
         write_test_jobs(folder / "jobs", folder, [str(REPO / "tests" / "standin")])
-        fabs[name] = OtherFab(host, folder, token, folder / "jobs", hub, tree)
+        fabs[name] = OtherFab(host, folder, token, folder / "jobs", hub, tree, hf_login)
         timed(fabs[name], "train", "--arg", "vars.num_batches=4")
     times: dict[str, list[float]] = {"ssh true": [], "plain ssh job": []}
     for _ in range(repeat):  # the no-ops first: a convert hands the driver another plan
@@ -166,6 +182,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=20)
     parser.add_argument("--log-mb", type=int, default=200)
     parser.add_argument("--against", type=Path, help="another checkout: its fab and this tree's, side by side")
+    parser.add_argument("--hf-login", action="store_true", help="with --against: the token from `hf auth login`")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory, loopback_host(Path(directory) / "sshd") as host:
         tmp = Path(directory)
@@ -173,7 +190,7 @@ def main() -> None:
         token = "hf_bench" + uuid.uuid4().hex
         hub.tokens[token] = hubstub.Token()
         if args.against:
-            side_by_side(host, hub, token, tmp, args.against.resolve(), args.repeat)
+            side_by_side(host, hub, token, tmp, args.against.resolve(), args.repeat, args.hf_login)
             server.shutdown()
             return
         jobs = tmp / "jobs"

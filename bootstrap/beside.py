@@ -11,9 +11,15 @@ dial still connecting is never waited for.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401  (see below)
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+
+# concurrent.futures.thread registers with threading's exit as it is imported, which CPython refuses once the
+# exit began: huggingface_hub's hf_api imports it, so a Hub check importing it while the exit waits printed
+# "Error importing huggingface_hub.hf_api: can't register atexit after shutdown". Imported here, it is always
+# there before (0.3 ms).
 
 EXIT_WAIT_SECONDS = 60  # longer than any of that work takes (the Hub's requests time out after 30 s)
 

@@ -8,22 +8,73 @@ environment, never a command line (see vm.Worker.put_secret).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from .errors import Problem, UserError
 from .remote import jobrunner
 
 KNOWN = {"HF_TOKEN": "the Hugging Face token (export HF_TOKEN=... or run `hf auth login`)"}
 REDACTED = jobrunner.REDACTED.decode()
+# The variables huggingface_hub finds the token by (its constants and get_token), but for those that make it take
+# the token from elsewhere first (login_token_path).
+HUB_TOKEN_SETTINGS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME")
 
 
 def lookup(name: str) -> str | None:
     if name == "HF_TOKEN":
         if value := os.environ.get("HF_TOKEN"):
             return value
-        import huggingface_hub  # a third of a second to import: only for the token `hf auth login` stored
+        stored = login_token_path()
+        if stored and os.path.lexists(stored) and not os.path.isfile(stored):  # huggingface_hub: a hang or a traceback
+            raise UserError(
+                f"{stored} is not a file: `hf auth login` keeps the Hugging Face token there (or set HF_TOKEN)"
+            )
+        if (token := _plain_login_token(stored)) is not None:
+            return token
+        import huggingface_hub  # a third of a second to import: only where it alone can tell the token
 
-        return huggingface_hub.get_token()
+        try:
+            return huggingface_hub.get_token()
+        except OSError as err:
+            raise UserError(
+                f"the Hugging Face token `hf auth login` stored cannot be read ({err}); set HF_TOKEN"
+            ) from None
     return None
+
+
+def login_token_path() -> str | None:
+    """Where `hf auth login` stores the token, found as huggingface_hub's constants find it, without importing
+    huggingface_hub (the memo of inputs that passed the checks digests this file: jobs/checked.py); None when
+    huggingface_hub takes the token from elsewhere first (an OIDC exchange in CI, the Hub's staging mode)."""
+    if os.environ.get("HF_OIDC_RESOURCE") or os.environ.get("HUGGINGFACE_CO_STAGING"):
+        return None
+    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    home = _expanded(os.environ.get("HF_HOME", os.path.join(cache, "huggingface")))
+    return _expanded(os.environ.get("HF_TOKEN_PATH", os.path.join(home, "token")))
+
+
+def _plain_login_token(path: str | None) -> str | None:
+    """The token `hf auth login` stored at `path`, as huggingface_hub.get_token() returns it, read without
+    importing huggingface_hub; None where only huggingface_hub can tell: another variable names the token, none
+    is stored, or it may be an OAuth token that huggingface_hub refreshes (`stored_tokens` beside it names a
+    refresh token)."""
+    if path is None or os.environ.get("HUGGING_FACE_HUB_TOKEN"):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().replace("\r", "").replace("\n", "").strip()
+    except (OSError, ValueError):  # none stored (then huggingface_hub looks further), or unreadable
+        return None
+    stored_tokens = os.path.join(os.path.dirname(path), "stored_tokens")
+    try:
+        refreshed = os.path.isfile(stored_tokens) and b"refresh_token" in Path(stored_tokens).read_bytes()
+    except OSError:
+        return None
+    return token if token and not refreshed else None
+
+
+def _expanded(path: str) -> str:
+    return os.path.expandvars(os.path.expanduser(path))
 
 
 def redact(text: str) -> str:

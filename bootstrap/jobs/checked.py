@@ -2,8 +2,8 @@
 
 The local checks (plan.check_local, the run name, the secrets) need the job schema, which takes about a
 tenth of a second to import. A command whose inputs (the job files, its --args, run name and options,
-the secrets set here, tpu-rl's own files) are exactly those of an earlier command that passed them dials
-the VM while it imports and checks them again (vm/dial.py); any other checks first, and contacts nothing
+what decides the secrets set here, tpu-rl's own files) are exactly those of an earlier command that passed
+them dials the VM while it imports and checks them again (vm/dial.py); any other checks first, and contacts nothing
 before it has (tests/unit/test_bad_inputs.py). This decides only when the dial starts: the checks always
 run, and their errors always come first. Standard library only: it runs before the schema is imported.
 """
@@ -33,9 +33,12 @@ class LocalInputs:
         digest = hashlib.sha256(json.dumps([overrides, run_name, options], sort_keys=True).encode())
         for path in sorted(jobs_dir().glob("*.yaml")):
             digest.update(b"\0%s\0%s" % (path.name.encode(), _head(path)))
-        for name in secrets.KNOWN:  # their values too: the checks refuse a secret written into the jobs
-            value = secrets.lookup(name)
-            digest.update(b"\0" + (hashlib.sha256(value.encode()).digest() if value else b"-"))
+        for name in secrets.HUB_TOKEN_SETTINGS:  # what decides the token: the checks refuse its value in the jobs
+            digest.update(b"\0" + os.environ.get(name, "\0unset").encode(errors="surrogateescape"))
+        token_file = secrets.login_token_path()
+        # A token huggingface_hub would mint (OIDC) or find elsewhere is in no digest: such inputs never passed.
+        self.known = bool(os.environ.get("HF_TOKEN")) or token_file is not None
+        digest.update(b"\0" + _head(Path(token_file)) if token_file else b"\0elsewhere")
         for folder, folders, files in os.walk(REPO / "bootstrap"):  # its code and MaxText's keys: another tpu-rl
             folders[:] = sorted(f for f in folders if f != "__pycache__")
             for name in sorted(files):
@@ -43,13 +46,13 @@ class LocalInputs:
         self.digest = digest.hexdigest()
 
     def passed_before(self) -> bool:
-        return self.digest in _remembered()
+        return self.known and self.digest in _remembered()
 
     def passed(self) -> None:
         """Remember these inputs as passed. Best effort: a memo that cannot be written only dials later; two
         fabs writing it at once may each drop the other's newest digest, never a whole memo."""
         remembered = _remembered()
-        if remembered[:1] == [self.digest]:
+        if not self.known or remembered[:1] == [self.digest]:
             return
         memo = runs_dir() / MEMO
         beside = memo.with_name(f"{MEMO}.{uuid.uuid4().hex[:12]}")
@@ -70,7 +73,7 @@ def _remembered() -> list[str]:
 
 
 def _head(path: Path) -> bytes:
-    """A job file's bytes, up to what the checks would refuse as too big (a FIFO or a folder: a marker)."""
+    """A file's bytes, up to what the checks would refuse as too big (a FIFO or a folder: a marker)."""
     try:
         if path.is_file():
             with open(path, "rb") as f:

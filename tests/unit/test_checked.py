@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,15 @@ def test_every_input_the_checks_read_changes_the_digest(jobs: Path, monkeypatch)
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("HF_HOME", str(jobs.parent / "no-hf-home"))  # no token stored by `hf auth login` either
     differs(digest())
+    (jobs.parent / "no-hf-home").mkdir()
+    (jobs.parent / "no-hf-home" / "token").write_text("hf_" + "c" * 34)  # `hf auth login`
+    differs(digest())
+    (jobs.parent / "no-hf-home" / "token").write_text("hf_" + "d" * 34)  # logged in again, as another token
+    differs(digest())
+    monkeypatch.setenv("HF_TOKEN_PATH", str(jobs.parent / "elsewhere"))
+    differs(none_there := digest())
+    os.mkfifo(jobs.parent / "elsewhere")
+    assert digest() == none_there  # a FIFO is not read (never waited on): no token stored, as when none is there
     monkeypatch.setattr(checked, "REPO", jobs.parent / "tpu-rl")  # tpu-rl's own code: another version
     (jobs.parent / "tpu-rl" / "bootstrap").mkdir(parents=True)
     (jobs.parent / "tpu-rl" / "bootstrap" / "check.py").write_text("")
@@ -54,6 +65,40 @@ def test_every_input_the_checks_read_changes_the_digest(jobs: Path, monkeypatch)
     differs(digest())
     (jobs.parent / "tpu-rl" / "bootstrap" / ".#check.py").symlink_to("nowhere")  # an editor's lock file
     differs(digest())
+
+
+def test_the_token_of_hf_auth_login_is_not_looked_up_for_the_digest(jobs: Path, monkeypatch):
+    """huggingface_hub takes a third of a second to import: the digest reads its token file instead, so that a
+    user logged in with `hf auth login` dials as early as one with HF_TOKEN set."""
+    monkeypatch.delenv("HF_TOKEN")
+    (jobs.parent / "hf" / "token").parent.mkdir()
+    (jobs.parent / "hf" / "token").write_text("hf_" + "c" * 34)
+    program = (
+        "import sys; from bootstrap.jobs import checked; checked.LocalInputs([], None, {}); print(sorted(sys.modules))"
+    )
+    shown = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=REPO,
+        env={**os.environ, "HF_HOME": str(jobs.parent / "hf")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "bootstrap.jobs.checked" in shown.stdout and "huggingface_hub" not in shown.stdout
+
+
+def test_a_token_huggingface_hub_would_mint_never_passed_before(jobs: Path, monkeypatch):
+    """With HF_OIDC_RESOURCE set, huggingface_hub exchanges an OIDC token for one: nothing here tells that it
+    is the same as last time, so the checks come first, every time."""
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setenv("HF_OIDC_RESOURCE", "user/repo")
+    inputs = checked.LocalInputs([], None, {})
+    inputs.passed()
+    assert not inputs.passed_before()
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "a" * 34)  # ours comes first: HF_TOKEN is the token fab uses
+    inputs = checked.LocalInputs([], None, {})
+    inputs.passed()
+    assert inputs.passed_before()
 
 
 def test_the_memo_keeps_the_latest_inputs_that_passed(jobs: Path):
