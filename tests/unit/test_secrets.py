@@ -96,3 +96,16 @@ def test_a_token_path_that_is_not_a_file_is_refused_in_one_line(hf_home: Path, k
     with pytest.raises(UserError) as err:
         secrets.lookup("HF_TOKEN")
     assert f"{hf_home / 'token'} is not a file" in str(err.value)
+
+
+def test_fab_says_so_in_one_line(hf_home: Path, tmp_path: Path):
+    """Through fab's own error report, which redacts the token it looks up again."""
+    (hf_home / "token").mkdir()
+    fab = Path(sys.executable).with_name("fab")
+    env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}
+    shown = subprocess.run([fab, "-r", str(REPO), "plan"], env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 2
+    assert (
+        shown.stderr
+        == f"error: {hf_home / 'token'} is not a file: `hf auth login` keeps the Hugging Face token there (or set HF_TOKEN)\n"
+    )
