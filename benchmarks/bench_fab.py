@@ -136,7 +136,7 @@ class OtherFab(Fab):
     def env(self) -> dict[str, str]:
         env = super().env()
         if self.hf_login:
-            for name in (*secrets.HUB_TOKEN_SETTINGS, "HF_OIDC_RESOURCE", "HUGGINGFACE_CO_STAGING"):
+            for name in (*secrets.HUB_TOKEN_SETTINGS, *secrets.HUB_TOKEN_ELSEWHERE):
                 env.pop(name, None)
         return env
 

@@ -18,6 +18,7 @@ REDACTED = jobrunner.REDACTED.decode()
 # The variables huggingface_hub finds the token by (its constants and get_token), but for those that make it take
 # the token from elsewhere first (login_token_path).
 HUB_TOKEN_SETTINGS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME")
+HUB_TOKEN_ELSEWHERE = ("HF_OIDC_RESOURCE", "HUGGINGFACE_CO_STAGING")  # an OIDC exchange in CI, the Hub's staging
 
 
 def lookup(name: str) -> str | None:
@@ -46,7 +47,7 @@ def login_token_path() -> str | None:
     """Where `hf auth login` stores the token, found as huggingface_hub's constants find it, without importing
     huggingface_hub (the memo of inputs that passed the checks digests this file: jobs/checked.py); None when
     huggingface_hub takes the token from elsewhere first (an OIDC exchange in CI, the Hub's staging mode)."""
-    if os.environ.get("HF_OIDC_RESOURCE") or os.environ.get("HUGGINGFACE_CO_STAGING"):
+    if any(os.environ.get(name) for name in HUB_TOKEN_ELSEWHERE):
         return None
     cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
     home = _expanded(os.environ.get("HF_HOME", os.path.join(cache, "huggingface")))

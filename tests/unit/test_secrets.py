@@ -17,7 +17,7 @@ from bootstrap.paths import REPO
 
 @pytest.fixture
 def hf_home(tmp_path, monkeypatch) -> Path:
-    for name in (*secrets.HUB_TOKEN_SETTINGS, "HF_OIDC_RESOURCE", "HUGGINGFACE_CO_STAGING"):
+    for name in (*secrets.HUB_TOKEN_SETTINGS, *secrets.HUB_TOKEN_ELSEWHERE):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     (tmp_path / "hf").mkdir()
@@ -83,7 +83,7 @@ def test_huggingface_hub_tells_the_token_where_only_it_can(hf_home: Path):
     assert found({})[1:] == ["None", "imported", "None"]
 
 
-@pytest.mark.parametrize("setting", ["HF_OIDC_RESOURCE", "HUGGINGFACE_CO_STAGING"])
+@pytest.mark.parametrize("setting", secrets.HUB_TOKEN_ELSEWHERE)
 def test_no_token_file_is_named_when_huggingface_hub_looks_elsewhere_first(hf_home: Path, monkeypatch, setting):
     monkeypatch.setenv(setting, "1")
     assert secrets.login_token_path() is None
