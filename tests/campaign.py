@@ -50,6 +50,34 @@ WAIT_SECONDS = 90
 AUTOSTOP_SECONDS = 0.3
 MILESTONES = ("converted", *(f"committed-{s}" for s in range(1, STEPS + 1)), "exported", "copying")
 JOB_AT = {"converted": "convert", "exported": "export", "copying": "publish-gcs"}  # the rest: train's
+# With the Hub copy: between train's eval after training and the gate (train's job still running), and after
+# the export the gate judges
+GATE_MILESTONES = ("evaluated", "exported")
+TOKEN = "hf_campaign" + "0" * 30
+IMPROVED = "600,800,1319"  # 45.5% -> 60.7% of GSM8K's test split: beyond the noise
+BEST = {  # what the repository holds in a "worse" case: run "best"'s model, 90% of 1,319 problems
+    "README.md": b"""---
+model-index:
+- name: best
+  results:
+  - task:
+      type: text-generation
+    dataset:
+      name: GSM8K
+      type: openai/gsm8k
+    metrics:
+    - type: accuracy
+      value: 90.0
+      args:
+        problems: 1319
+    source:
+      name: tpu-rl run best
+      url: https://huggingface.co/tester/best
+---
+# the best model
+""",
+    "model.safetensors": b"the best weights",
+}
 SPEED = {  # test-only: retries back off from 10 ms, a request times out after 1 s (retry.py, gcs.py)
     "TPU_RL_RETRY_BACKOFF_SECONDS": "0.01",
     "TPU_RL_GCS_TIMEOUT_SECONDS": "1",
@@ -85,6 +113,10 @@ class Case:
     faults_made: list[str] = field(default_factory=list)
 
     broken: str = ""  # a deliberately broken trainer (campaign_jobs.BROKEN_ENV)
+    # with the Hub copy (the real hub_upload.py against tests/hubstub.py, publish_if: improved): "better", a run
+    # that improved on its base model; "worse", one that did too, but the repository holds a better model already
+    hub: str = ""
+    hub_state: object = None  # the Hub stand-in's state (hubstub.Hub), with its URL
 
     def __post_init__(self):
         self.state, self.shm, self.ledger, self.bin = (self.root / n for n in ("state", "shm", "ledger", "bin"))
@@ -100,6 +132,9 @@ class Case:
         self.actor = f"{self.durable}/post-train/{RUN}/checkpoints/actor"
         self.export_dir = f"{self.shm}/hf-trained/{RUN}"
         self.copy_url = f"gs://{BUCKET}/{self.name}/results/{RUN}"
+        self.repo = f"tester/{self.name}"
+        if self.hub == "worse":  # the repository holds run "best"'s model, better than this run's will be
+            self.hub_state.repos[self.repo], self.hub_state.private[self.repo] = dict(BEST), True
         self.plan = self._plan()
         self.arm({})
 
@@ -132,6 +167,7 @@ class Case:
                 attempts.DIR_ENV: f"{self.durable}/post-train/{RUN}/attempts",
                 attempts.CHECKPOINTS_ENV: self.actor,
                 **({campaign_jobs.BROKEN_ENV: self.broken} if self.broken else {}),
+                **({attempts.EVALS_ENV: self.evals, campaign_jobs.EVALS_ENV: IMPROVED} if self.hub else {}),
             },
             inputs=[f"{self.ckpt}/0/items"],
         )
@@ -147,8 +183,15 @@ class Case:
         )
         copy = publish.gcs_job(SimpleNamespace(layout=layout, run_name=RUN), self.export_dir, self.copy_url)
         self.marker = copy.runner_spec["outputs"][0]
-        copy_entry = {"name": copy.name, "job_dir": copy.job_dir, "spec": dict(copy.runner_spec)}
-        copy_entry |= {"needs": list(copy.needs), "uses_tpu": False, "start": True}
+        copies = [copy, *([self._hub_job(train)] if self.hub else [])]
+        entries = [
+            {"name": job.name, "job_dir": job.job_dir, "spec": dict(job.runner_spec), "needs": list(job.needs),
+             "uses_tpu": False, "start": True}
+            for job in copies
+        ]  # fmt: skip
+        if self.hub:  # the Hub stand-in's address, as fab's HF_ENDPOINT reaches the VM
+            entries[1]["spec"]["env"] = {**entries[1]["spec"]["env"], "HF_ENDPOINT": self.hub_state.url}
+            self.hub_marker = entries[1]["spec"]["outputs"][0]
         preflight = {
             "chips": 0,
             "chip_glob": f"{self.root}/no-chips-*",
@@ -159,15 +202,34 @@ class Case:
             "secrets": {},
             "bucket": self.durable,
         }
-        body = {"run": RUN, "jobs": [convert, train, export, copy_entry], "preflight": preflight}
+        body = {"run": RUN, "jobs": [convert, train, export, *entries], "preflight": preflight}
         shutdown = [sys.executable, JOBS, "shutdown", self.marker, ledger]
+        kept_by = [entry["spec"]["outputs"][0] for entry in entries]
         return {
             **body,
             "digest": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16],
             "hint": "",
             "started_by": "the fault campaign",
-            "autostop": {"idle_seconds": AUTOSTOP_SECONDS, "why": "campaign", "command": shutdown},
+            "autostop": {"idle_seconds": AUTOSTOP_SECONDS, "why": "campaign", "command": shutdown, "kept_by": kept_by},
         }
+
+    @property
+    def evals(self) -> str:
+        """Where train's launcher records its evals: beside its checkpoints, in the bucket."""
+        return f"{self.durable}/post-train/{RUN}/evals"
+
+    def _hub_job(self, train: dict):
+        """The Hub copy as publish.hub_job builds it for a plan of this shape (results.publish_if: improved)."""
+        rendered = SimpleNamespace(env=train["spec"]["env"], progress={"total_steps": STEPS}, argv=["train_rl"])
+        results = SimpleNamespace(hub_repo=self.repo, hub_private=True, publish_if="improved")
+        plan = SimpleNamespace(
+            spec=SimpleNamespace(results=results, environment=SimpleNamespace(python_path=sys.executable)),
+            layout=self.layout,
+            run_name=RUN,
+            base_model="meta-llama/Llama-3.1-8B-Instruct",
+            job=lambda name: SimpleNamespace(rendered=rendered, lr_schedule=None),
+        )
+        return publish.hub_job(plan, self.export_dir)
 
     def jobs(self) -> dict[str, dict]:
         return {job["name"]: job for job in self.plan["jobs"]}
@@ -194,12 +256,15 @@ class Case:
         return [note for note in self.root.glob("killed-*") if note.suffix != ".hits"]
 
     def install(self) -> None:
-        """The tools in the VM's bin, as fab copies them before a command."""
+        """The tools in the VM's bin, and the token in its secrets folder, as fab puts them before a command."""
         os.makedirs(self.layout.bin, exist_ok=True)
         for tool in TOOLS:
             target = Path(self.layout.tool(tool))
             if not target.exists():
                 shutil.copyfile(REMOTE / tool, target)
+        if self.hub:
+            os.makedirs(self.layout.secrets, exist_ok=True)
+            Path(self.layout.secrets, "HF_TOKEN").write_text(TOKEN)
 
     def start(self, **extra: str) -> subprocess.Popen:
         """`fab train`'s command on the VM, started."""
@@ -378,6 +443,27 @@ def violations(case: Case, reference: dict[str, bytes] | None, faulted: set[int]
     found += _shutdowns(case, reference)
     found += _calls(case, faulted)
     found += _reruns(case, jobs, journal)
+    found += _hub(case, reference) if case.hub else []
+    return found
+
+
+def _hub(case: Case, reference: dict[str, bytes] | None) -> list[str]:
+    """(8) a better model is never held back for a lost log: it is on the Hub, whole; (9) a worse model never
+    replaces a better one: the repository keeps the better model, and the gate says which run holds it."""
+    marker = jobrunner.read_json(case.hub_marker) or {}
+    there = case.hub_state.repos.get(case.repo, {})
+    if case.hub == "better":
+        if marker.get("held"):
+            return [f"(8) a better model was held back: {marker['held']}"]
+        weights = {name: data for name, data in there.items() if name != "README.md"}
+        if reference is not None and weights != reference:
+            return [f"(8) the Hub holds {sorted(weights)}, not the export"]
+        return []
+    found = [] if "what tester/" in marker.get("held", "") and "run best's model" in marker.get("held", "") else [
+        f"(9) the gate did not hold the worse model for the better one there: {marker}"
+    ]  # fmt: skip
+    if there.get("model.safetensors") != BEST["model.safetensors"] or there.get("README.md") != BEST["README.md"]:
+        found.append(f"(9) a worse model replaced the better one on the Hub: {sorted(there)}")
     return found
 
 

@@ -4,7 +4,9 @@
     campaign_jobs.py train ACTOR_DIR CONVERTED STEPS LEDGER
                                                           checkpoint steps, each committed as Orbax does
                                                           (commit_success.txt last); resumes after the
-                                                          highest committed step
+                                                          highest committed step; with EVALS_ENV, logs its
+                                                          evals as train_rl does (before training, after
+                                                          it) through the launcher's recorder
     campaign_jobs.py export STEP ACTOR_DIR EXPORT_DIR LEDGER
                                                           the export of STEP (${latest_step:...} on the VM)
     campaign_jobs.py shutdown MARKER LEDGER               autostop's command: records what it saw
@@ -32,6 +34,7 @@ from bootstrap.remote import attempts, gcs, jobrunner  # noqa: E402
 
 COMMITTED = b"committed"
 BROKEN_ENV = "CAMPAIGN_BROKEN"  # a deliberately broken variant, to show that a check catches it
+EVALS_ENV = "CAMPAIGN_EVALS"  # BEFORE,AFTER,TOTAL: problems solved before training and after, of TOTAL
 BASE_MODEL = "base-weights"
 STARTS, VIOLATIONS, EVENTS, SHUTDOWNS = "starts.jsonl", "violations", "events.jsonl", "shutdowns.jsonl"
 
@@ -94,6 +97,7 @@ def convert(ckpt: str, ledger: str) -> int:
 def train(actor: str, converted: str, steps: int, ledger: str) -> int:
     _live, attempt = begin(ledger, "train")
     attempts.record_start(dict(os.environ))
+    recorder = attempts.EvalRecorder.install(dict(os.environ))  # as maxtext_run.py installs it
     done = jobrunner.finished_steps(actor)  # the product's rule for a committed step
     if os.environ.get(BROKEN_ENV) == "restart":  # a deliberately broken trainer: it ignores them
         done = []
@@ -101,13 +105,34 @@ def train(actor: str, converted: str, steps: int, ledger: str) -> int:
     state = json.loads(gcs.read(converted))["model"]
     if last:
         state = json.loads(gcs.read(f"{actor}/{last}/model_params/data"))["state"]
+        evaluate(recorder, f"Restored params from step: {last} in 0.1 seconds")  # tunix's line, then its Pre eval
+    evaluate(recorder, "Pre RL Training", before=True)
     for step in range(last + 1, steps + 1):
         state = state_after(state, step)
         made = {"step": step, "state": state, "attempt": attempt}
         gcs.write(f"{actor}/{step}/model_params/data", json.dumps(made).encode())
         gcs.write(f"{actor}/{step}/commit_success.txt", COMMITTED)  # last: the step is committed
         milestone(ledger, f"committed-{step}", attempt)
+    evaluate(recorder, "Post RL Training")
+    if recorder is not None:
+        milestone(ledger, "evaluated", attempt)
     return 0
+
+
+def evaluate(recorder, phase: str, before: bool = False) -> None:
+    """An eval line as train_rl logs it (or another line of its log), handed to the launcher's recorder; a
+    resumed attempt's "Pre" eval scores its restored weights, which score as the run's result so far."""
+    if recorder is None:
+        return
+    if not phase.endswith("Training"):
+        recorder.read(phase)
+        return
+    first, last, total = (int(n) for n in os.environ[EVALS_ENV].split(","))
+    correct = first if before and recorder.attempts.resumed_at is None else last
+    recorder.read(
+        f"W1203 10:00:00.000000 1 train_rl.py:716] {phase}: corr={correct}, total={total}, "
+        f"accuracy={100 * correct / total}%, partial_accuracy=50.0%, format_accuracy=90.0%, mean_reward=1.0000"
+    )
 
 
 def export(step: str, actor: str, folder: str, ledger: str) -> int:

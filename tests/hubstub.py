@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import yaml
+
 from tests import stubserver
 
 GATED = {"meta-llama/Llama-3.1-8B-Instruct"}
@@ -49,6 +51,15 @@ def tree_entry(path: str, data: bytes) -> dict:
         entry["oid"] = git_blob_id(pointer.encode())
         entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}
     return entry
+
+
+def card_data(readme: bytes | None) -> dict | None:
+    """A model card's YAML metadata (between its first two `---` lines), as the Hub returns it in cardData."""
+    text = (readme or b"").decode(errors="replace")
+    if not text.startswith("---\n") or "\n---" not in text[4:]:
+        return None
+    found = yaml.safe_load(text[4 : text.index("\n---", 4)])
+    return found if isinstance(found, dict) else None
 
 
 def _handler(hub: Hub):
@@ -106,7 +117,10 @@ def _handler(hub: Hub):
             if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(/revision/[^/]+)?", path):  # repo_info
                 if m[1] not in hub.repos:
                     return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
-                return self._send(200, {"id": m[1], "private": hub.private.get(m[1], False), "sha": "0" * 40})
+                info = {"id": m[1], "private": hub.private.get(m[1], False), "sha": "0" * 40}
+                if card := card_data(hub.repos[m[1]].get("README.md")):  # the Hub parses the card's metadata
+                    info["cardData"] = card
+                return self._send(200, info)
             if m := re.fullmatch(r"/api/models/(.+?)/tree/[^/]+(/.*)?", path):
                 files = hub.repos.get(m[1])
                 if files is None:

@@ -307,10 +307,15 @@ def _maxtext(spec: PipelineSpec, doc: Loaded, problems: list[Problem]) -> schema
         return schema.load()
 
 
+DEFAULT_USER = "tpu-rl"  # the stack's SSH user unless tpu-rl:sshUser says otherwise (Pulumi.yaml)
+
+
 def provided_values(spec: PipelineSpec) -> dict[str, str]:
-    """Values fab provides to the job files; run_name is <run_name> until a run is chosen."""
+    """Values fab provides to the job files; run_name is <run_name> until a run is chosen, user the SSH user
+    (the stack's default until the connection names it)."""
     return {
         "run_name": "<run_name>",
+        "user": DEFAULT_USER,
         "venv": spec.environment.venv,
         "python": spec.environment.python_path,
         "tools": Layout(spec.vm.state_dir).bin,

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from .. import secrets
@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..remote import envcheck, gcs
 from ..remote.jobrunner import Layout
 from . import check, environment, schedule
-from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, render, resolve
+from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, provided_values, render, resolve
 from .spec import PipelineSpec
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -74,6 +74,9 @@ class Plan:
     base_model: str | None = None  # the Hugging Face repo the model is converted from
     durable_dir: str = ""  # vars.durable_dir: the converted model's and the checkpoints' place (gs://: a bucket)
     maxtext_version: str = ""  # the MaxText the environment installs, whose facts checked the jobs
+    # every folder on the VM the jobs read or write, by the setting that names it: the VM checks that each is
+    # the SSH user's alone before any job starts (remote/folders.py)
+    folders: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def job(self, name: str) -> PlannedJob:
         for job in self.jobs:
@@ -185,10 +188,52 @@ def _durable_record(durable_dir: str, layout: Layout, job_dir: str, outputs: lis
     return f"{durable_dir}/tpu-rl/{job_dir.removeprefix(f'{layout.root}/')}.json"
 
 
-def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN) -> Plan:
-    """Render every job for `run_name` and place it: in the run's folder, or shared by all runs."""
-    pipeline = resolve(files, overrides, {"run_name": run_name})
-    other = {job.name: job for job in render(resolve(files, overrides, {"run_name": _OTHER_RUN}))}
+GLOB_OR_LATER = re.compile(r"[*?\[]|\$\{")  # where a path stops being fixed: a glob, or a value looked up on the VM
+
+
+def _local_folder(value: str) -> str | None:
+    """The fixed folder a path on the VM names (up to a glob or a value looked up later); None for anything
+    else (a bucket's URL, a name, a list of paths)."""
+    fixed = GLOB_OR_LATER.split(value, maxsplit=1)
+    if not value.startswith(("/", "~/")) or ":" in fixed[0]:
+        return None
+    return (fixed[0] if len(fixed) == 1 else fixed[0].rsplit("/", 1)[0]).rstrip("/") or None
+
+
+def folders(spec: PipelineSpec, values: dict[str, str], layout: Layout, jobs: list[RenderedJob]) -> dict[str, str]:
+    """Every folder on the VM the pipeline reads or writes, once, by the first setting that names it: the shared
+    vars that are paths (work_dir, durable_dir when it is not a bucket, hf_home, ...), the venv, the state folder,
+    then every path a job's arguments, environment, outputs or follow-up steps name. Derived, not listed: a
+    folder added to the job files is checked without anyone listing it."""
+    found: dict[str, str] = {}
+
+    def add(setting: str, value: str) -> None:
+        folder = _local_folder(value)
+        if folder is not None and folder not in found.values():
+            found[setting] = folder
+
+    for name, value in values.items():
+        if name not in provided_values(spec):  # the venv and the tools: below
+            add(f"vars.{name}", value)
+    add("environment.venv", spec.environment.venv_path)
+    add("vm.state_dir", layout.root if layout.root.startswith("/") else f"~/{layout.root}")
+    for job in jobs:
+        words = [(word.partition("=") if "=" in word else ("argv", "=", word)) for word in job.argv[1:]]
+        named = [(f"{job.name}.{key}", value) for key, _, value in words]
+        named += [(f"{job.name}.env.{key}", value) for key, value in job.env.items()]
+        named += [(f"{job.name}.outputs", p) for p in job.outputs] + [(f"{job.name}.inputs", p) for p in job.inputs]
+        named += [(f"{job.name}.after", w) for step in job.after for w in step]
+        for setting, value in named:
+            add(setting, value)
+    return found
+
+
+def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN, user: str | None = None) -> Plan:
+    """Render every job for `run_name` and place it: in the run's folder, or shared by all runs. `user`: the SSH
+    user (its own folder in /dev/shm), the stack's default when not known yet."""
+    provided = {"user": user} if user else {}
+    pipeline = resolve(files, overrides, {**provided, "run_name": run_name})
+    other = {job.name: job for job in render(resolve(files, overrides, {**provided, "run_name": _OTHER_RUN}))}
     spec = pipeline.spec
     layout = Layout(spec.vm.state_dir)
     durable = pipeline.values.get(DURABLE_DIR, "")
@@ -216,6 +261,14 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
     if validates(spec):
         planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
+    rendered = [job.rendered for job in planned if job.rendered is not None]
     return Plan(
-        run_name, spec, layout, tuple(planned), check.base_model_of(pipeline), durable, pipeline.maxtext.version
+        run_name,
+        spec,
+        layout,
+        tuple(planned),
+        check.base_model_of(pipeline),
+        durable,
+        pipeline.maxtext.version,
+        MappingProxyType(folders(spec, pipeline.values, layout, rendered)),
     )

@@ -147,6 +147,16 @@ def problems(maxtext: MaxText, module: str | None, args: dict[str, str]) -> list
     """(key, why) for an RL training job that cannot train: no steps, too many, or its schedule."""
     if module != RL_TRAINER:
         return []
+    period = _value(maxtext, args, module, "checkpoint_period", int)
+    if period is not None and period < 1:
+        return [
+            (
+                "checkpoint_period",
+                f"{period} is not a number of steps: Orbax saves every step that is a multiple of it, and 0 fails "
+                "(step % 0) on the TPU once the model is loaded and compiled; give it 1 or more (the shipped "
+                "train.yaml: a tenth of the run)",
+            )
+        ]
     steps = train_steps(maxtext, args, module)
     if steps is not None and not 0 < steps <= MAX_STEPS:
         values = {key: _value(maxtext, args, module, key, kind) for key, kind in STEP_KEYS}

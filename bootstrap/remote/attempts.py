@@ -1,4 +1,4 @@
-"""Each start of a trainer, recorded where its checkpoints are before it trains: durable by construction.
+"""A trainer's starts and its evals, recorded where its checkpoints are as they happen: durable by construction.
 
 A trainer's TensorBoard writer buffers in its process, and a VM that disappears flushes nothing, so a
 lost attempt may leave no event file in the bucket at all. Counting starts from event files then
@@ -8,26 +8,49 @@ when they are there): when it began, on which host, and the last committed check
 from. `fab metrics` counts the attempts and the steps each trained from these records; the event
 files still give the curves and the step times.
 
+The same launcher records each GSM8K eval the trainer logs, one record an eval, in the folder
+EVALS_ENV names: the base model's before the first attempt trains, the final one after the last. A
+restarted attempt's log is moved aside and a lost VM's is gone, so the publish gate and the model card
+judge the run from these records (hub_upload.py), never from the current attempt's log.
+
 Standard library only: it runs on the VM and in a gke pod, with the job's own python.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 import time
 
 try:
-    from . import faults, gcs, jobrunner  # on the laptop: bootstrap.remote
+    from . import evals, faults, gcs, jobrunner  # on the laptop: bootstrap.remote
 except ImportError:
-    import faults  # on the VM and in a pod: beside this script in the tools folder
+    import evals  # on the VM and in a pod: beside this script in the tools folder
+    import faults
     import gcs
     import jobrunner
 
-DIR_ENV = "TPU_RL_ATTEMPTS_DIR"  # where the records go (the job's YAML sets it)
+DIR_ENV = "TPU_RL_ATTEMPTS_DIR"  # where the records of the starts go (the job's YAML sets it)
 CHECKPOINTS_ENV = "TPU_RL_CHECKPOINT_DIR"  # whose last committed step a start resumes from
+EVALS_ENV = "TPU_RL_EVALS_DIR"  # where the records of the evals go
+
+
+def record(folder: str, data: dict) -> str:
+    """Write one record into `folder` (in the bucket, or on disk), named unique and in the order they were made;
+    its path."""
+    host = os.uname().nodename
+    path = f"{folder}/{time.time_ns()}-{host}.json"
+    if gcs.is_gcs(path):
+        gcs.write(path, json.dumps(data).encode())
+        faults.point("attempts.recorded-in-bucket")
+    else:
+        os.makedirs(os.path.expanduser(folder), exist_ok=True)
+        jobrunner.write_json(os.path.expanduser(path), data)
+        faults.point("attempts.recorded-on-disk")
+    return path
 
 
 def record_start(environ: dict[str, str]) -> str | None:
@@ -36,26 +59,80 @@ def record_start(environ: dict[str, str]) -> str | None:
     folder = environ.get(DIR_ENV, "").rstrip("/")
     if not folder:
         return None
-    host = os.uname().nodename
     try:
         steps = (
             jobrunner.finished_steps(os.path.expanduser(environ[CHECKPOINTS_ENV]))
             if environ.get(CHECKPOINTS_ENV)
             else []
         )
-        record = {"started": time.time(), "host": host, "resumed_from": steps[-1] if steps else 0}
-        path = f"{folder}/{time.time_ns()}-{host}.json"  # unique, and in the order of the starts
-        if gcs.is_gcs(path):
-            gcs.write(path, json.dumps(record).encode())
-            faults.point("attempts.recorded-in-bucket")
-        else:
-            os.makedirs(os.path.expanduser(folder), exist_ok=True)
-            jobrunner.write_json(os.path.expanduser(path), record)
-            faults.point("attempts.recorded-on-disk")
-        return path
+        return record(
+            folder, {"started": time.time(), "host": os.uname().nodename, "resumed_from": steps[-1] if steps else 0}
+        )
     except Exception as err:  # noqa: BLE001 - a storage error of any kind must not stop the training
         print(f"[tpu-rl] could not record this start in {folder}: {err}", file=sys.stderr)
         return None
+
+
+class EvalRecorder(logging.Handler):
+    """Records each GSM8K eval the trainer logs (MaxText and tunix log through absl, that is Python's logging),
+    labelled as evals.Attempts labels a log's lines: after tunix's restore line, the "Pre RL Training" eval scores
+    the restored weights and is kept as "resumed", so the base model's eval before training is never replaced.
+    A record that cannot be written is said on stderr and never stops the job; the gate then says it is missing."""
+
+    def __init__(self, folder: str):
+        super().__init__()
+        self.folder, self.attempts = folder, evals.Attempts()
+
+    @classmethod
+    def install(cls, environ: dict[str, str]) -> EvalRecorder | None:
+        """On the root logger, for the job whose environment names a folder; None for one that names none."""
+        folder = environ.get(EVALS_ENV, "").rstrip("/")
+        if not folder:
+            return None
+        recorder = cls(folder)
+        logging.getLogger().addHandler(recorder)
+        return recorder
+
+    def emit(self, entry: logging.LogRecord) -> None:
+        try:
+            self.read(entry.getMessage())
+        except Exception as err:  # noqa: BLE001 - a storage error of any kind must not stop the training
+            print(f"[tpu-rl] could not record an eval in {self.folder}: {err}", file=sys.stderr)
+
+    def read(self, line: str) -> str | None:
+        """Record the eval on this line of the trainer's output, if it holds one; where."""
+        found = self.attempts.read(line)
+        return record(self.folder, {**found, "recorded": time.time()}) if found is not None else None
+
+
+def recorded_evals(texts: list[str], total_steps: int | None) -> list[dict]:
+    """The run's evals from their records' texts, as the eval table shows them: a later record of the same eval
+    (an attempt that evaluated that step again) in place of an earlier one; a half-written record left out."""
+    found = []
+    for text in texts:
+        try:
+            item = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("recorded"), (int, float)) and evals.valid(item):
+            found.append(item)
+    collected: list[dict] = []
+    for item in sorted(found, key=lambda e: e["recorded"]):
+        collected = evals.collect(collected, {k: v for k, v in item.items() if k != "recorded"})
+    return evals.final(evals.merged([], collected), total_steps)
+
+
+def read_records(folder: str) -> list[str]:
+    """The texts of the records in `folder` (in the bucket, or on disk); none when it holds none."""
+    if gcs.is_gcs(folder):
+        return [(gcs.read(name) or b"").decode(errors="replace") for name in gcs.names(f"{folder.rstrip('/')}/")]
+    folder = os.path.expanduser(folder)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".json")) if os.path.isdir(folder) else []
+    texts = []
+    for name in names:
+        with open(os.path.join(folder, name), errors="replace") as f:
+            texts.append(f.read())
+    return texts
 
 
 def parse(texts: list[str]) -> list[dict]:

@@ -36,7 +36,9 @@ The files of the pipeline folder (Layout.pipeline): plan.json (the plan being dr
 driver.json (the driver's pid and the pipeline's state), events.jsonl (what the driver did,
 one JSON object a line), seen (touched by every fab command and watcher: autostop's clock),
 revived.json (how often `revive` restarted the driver of which plan), in-use.lock (held shared by
-each fab command that uses the VM for long, such as a download: autostop waits for it).
+each fab command that uses the VM for long, such as a download: autostop waits for it), environment.json
+(the environment of the fab command that started the plan: a driver restarted by the crontab, whose
+PATH is /usr/bin:/bin, runs its jobs in it, as the first one did).
 """
 
 from __future__ import annotations
@@ -55,15 +57,16 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 try:
-    from . import faults, inventory, jobrunner  # on the laptop: bootstrap.remote.driver
+    from . import faults, folders, inventory, jobrunner  # on the laptop: bootstrap.remote.driver
 except ImportError:
     import faults  # on the VM: beside this script in the tools folder
+    import folders
     import inventory
     import jobrunner
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
 read_json, write_json = jobrunner.read_json, jobrunner.write_json
-PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED, IN_USE = (
+PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED, IN_USE, ENVIRONMENT = (
     "plan.json",
     "driver.json",
     "events.jsonl",
@@ -72,6 +75,7 @@ PLAN, DRIVER, EVENTS, SEEN, START_LOCK, DRIVER_ERR, REVIVED, IN_USE = (
     "driver.err",
     "revived.json",
     "in-use.lock",
+    "environment.json",
 )
 REVIVALS = 3  # a driver that keeps dying mid-pipeline with no fab command is not started in a loop
 # The VM's crontab line that revives a dead driver with no fab command (`{tool}` and `{state}` quoted).
@@ -151,8 +155,10 @@ class Graph:
     """The pipeline's decisions, from job states alone: what starts, what is adopted, what is blocked.
 
     `state_of`, `launch` and `preflight` are the VM (or fakes, in tests; `launch` returns why a
-    job could not start, or None); every change is handed to `emit` as an event. A job marked `"start": false` is only needed: it must be
-    done already, or its dependants are blocked (fab convert before fab train).
+    job could not start, or None; `preflight(tpu)` the checks before the first job (tpu False: the run's
+    folders) or the first TPU job (chips, memory, the TPU free)); every change is handed to `emit` as an
+    event. A job marked `"start": false` is only needed: it must be done already, or its dependants are
+    blocked (fab convert before fab train).
     """
 
     def __init__(self, jobs: list[dict], state_of: Callable, launch: Callable, preflight: Callable, emit: Callable):
@@ -162,7 +168,7 @@ class Graph:
         self.failed: dict[str, str] = {}  # job -> why (its own error, or the need that failed)
         self.running: set[str] = set()
         self.relaunched: set[str] = set()
-        self.preflight_ok = False
+        self.preflights: dict[bool, bool] = {}  # each phase's verdict, once: before any job (False), a TPU job (True)
         self.checked = False
 
     def step(self) -> bool:
@@ -194,8 +200,17 @@ class Graph:
         ]  # a job only needed is looked at first: its own needs are not in the plan
 
     def _skip_unneeded(self) -> None:
-        """A job that only done jobs need is not run (prefetch, when the model it converts is kept in the bucket)."""
-        done = {name for name, job in self.jobs.items() if JobState(self.state_of(job)["state"]) is JobState.DONE}
+        """A job that only done jobs need is not run (prefetch, when the model it converts is kept in the bucket).
+        A Hub upload that held the model back, whose export is gone, is said at once: the model is kept nowhere."""
+        states = {name: self.state_of(job) for name, job in self.jobs.items()}
+        for name in (name for name, state in states.items() if state.get("held_gone")):
+            message = (
+                "held the model back (results.publish_if), and the VM's copy of it is gone (VM restarted?): it is "
+                "kept nowhere, so it is exported again (from the checkpoints, or trained again without them) and "
+                "judged again"
+            )
+            self.emit({"event": "note", "job": name, "message": message})
+        done = {name for name, state in states.items() if JobState(state["state"]) is JobState.DONE}
         changed = True
         while changed:
             changed = False
@@ -235,7 +250,7 @@ class Graph:
             return
         if action is Action.SKIP:
             self.done.add(name)
-        elif action is Action.START and job.get("uses_tpu") and not self._preflight():
+        elif action is Action.START and not all(self._preflight(tpu) for tpu in (False, bool(job.get("uses_tpu")))):
             self.failed[name] = "the VM's preflight failed"
             return
         elif error := self.launch(job):
@@ -247,13 +262,14 @@ class Graph:
             self.running.add(name)
         self.emit({"event": "decide", "job": name, "action": action.value, "message": message, "state": state})
 
-    def _preflight(self) -> bool:
-        """The VM's own check (chips, memory, TPU free), once, just before the first TPU job starts."""
-        if not self.preflight_ok:
-            checks = self.preflight()
-            self.preflight_ok = all(c["ok"] for c in checks)
-            self.emit({"event": "preflight", "ok": self.preflight_ok, "checks": checks})
-        return self.preflight_ok
+    def _preflight(self, tpu: bool) -> bool:
+        """The VM's own checks, each phase once: the run's folders before the first job starts, the chips, memory
+        and a free TPU just before the first TPU job."""
+        if tpu not in self.preflights:
+            checks = self.preflight(tpu)
+            self.preflights[tpu] = all(c["ok"] for c in checks)
+            self.emit({"event": "preflight", "ok": self.preflights[tpu], "checks": checks})
+        return self.preflights[tpu]
 
     def _check(self, name: str) -> None:
         job = self.jobs[name]
@@ -342,11 +358,14 @@ class Driver:
             return f"could not start: {jobrunner.os_error_text(err)}"
         return None
 
-    def _preflight(self) -> list[dict]:
-        """The VM's checks; a TPU held by this pipeline's own running job (validate, which train waits for) is
-        not in the way of convert, which runs on the CPU beside it."""
+    def _preflight(self, tpu: bool) -> list[dict]:
+        """The VM's checks: the run's folders (folders.py); or the TPU's, where a TPU held by this pipeline's own
+        running job (validate, which train waits for) is not in the way of convert, which runs on the CPU beside it."""
+        request = self.plan["preflight"]
+        if not tpu:
+            return folders.checks(request.get("folders") or {})
         own = {process["pid"] for process in self._running(jobrunner.PROCESS) if isinstance(process.get("pid"), int)}
-        return jobrunner.preflight(self.plan["preflight"], own)
+        return jobrunner.preflight(request, own)
 
     def _running(self, name: str) -> list[dict]:
         """That record (RUNNER or PROCESS) of each running job; {} where it has none."""
@@ -430,13 +449,17 @@ class Driver:
 
 
 def only_on_the_vm(plan: dict) -> str | None:
-    """Why autostop must keep the VM up although the plan has durable copies: each of them held the model back
-    (results.publish_if), so the VM's copy, which a stop would wipe, is the only one."""
+    """Why autostop must keep the VM up although the plan has durable copies: none of them holds the model (each
+    held it back, results.publish_if, or left no marker of a verified copy), so the VM's copy, which a stop would
+    wipe, is the only one. Read from the copies' markers on the VM's disk, as they stand now."""
     markers = (plan.get("autostop") or {}).get("kept_by") or []
     records = [read_json(os.path.expanduser(marker)) or {} for marker in markers]
-    if not records or any(record and not record.get("held") for record in records):
+    if not markers or any(record and not record.get("held") for record in records):
         return None
-    return f"off: the model was held back ({records[0]['held'][:300]}) and is kept only on the VM"
+    why = next((record["held"] for record in records if record.get("held")), None)
+    if why is None:
+        return "off: no copy of the model was verified, so it is kept only on the VM"
+    return f"off: the model was held back ({str(why)[:300]}) and is kept only on the VM"
 
 
 def run(layout: Layout, autostop_only: bool = False) -> int:
@@ -462,7 +485,8 @@ def _spawn(layout: Layout, autostop_only: bool = False) -> dict:
         return record if record and record.get("pid") == pid else None
 
     argv = [sys.executable, os.path.abspath(__file__), "run", layout.root, *(["--autostop"] if autostop_only else [])]
-    return jobrunner.spawn(argv, _path(layout, DRIVER_ERR), record_of, "the pipeline driver", START_WAIT_SECONDS)
+    env = read_json(_path(layout, ENVIRONMENT))  # the starting fab command's, whoever restarts it (the crontab)
+    return jobrunner.spawn(argv, _path(layout, DRIVER_ERR), record_of, "the pipeline driver", START_WAIT_SECONDS, env)
 
 
 def waiting_to_autostop(record: dict | None) -> bool:
@@ -515,6 +539,8 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
             os.replace(events, f"{events}.previous")
             faults.point("driver.rotated-events")
         jobrunner.record_run(layout, plan["run"])
+        write_json(_path(layout, ENVIRONMENT), dict(os.environ))  # fab's: where uv and the user's tools are
+        faults.point("driver.kept-environment")
         if (plan.get("autostop") or {}).get("idle_seconds"):
             keep_reviving(layout)  # the VM shuts down even if this driver dies (OOM, reboot) with no fab to come
         return 0, {"started": _spawn(layout)}
@@ -550,7 +576,7 @@ def would_start(plan: dict) -> list[str]:
         return jobrunner.job_state(os.path.expanduser(job["job_dir"]), job["spec"])
 
     with jobrunner.gcs.quick():  # fab waits for the answer
-        Graph(plan["jobs"], state_of, lambda job: starting.append(job["name"]), lambda: [], lambda _: None).step()
+        Graph(plan["jobs"], state_of, lambda job: starting.append(job["name"]), lambda tpu: [], lambda _: None).step()
     return list(dict.fromkeys(starting))
 
 

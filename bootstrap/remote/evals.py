@@ -22,6 +22,17 @@ CARD_RESULT = "<!-- tpu-rl: result -->"  # where it puts the run's result line a
 Z95 = 1.96
 
 
+PHASES = ("pre", "resumed", "intermediate", "post")
+VALUES = ("corr", "total", "accuracy", "partial_accuracy", "format_accuracy", "mean_reward")
+
+
+def valid(item: dict) -> bool:
+    """An eval result as `parse` makes it (read back from a record, which is not ours alone)."""
+    numbers = all(isinstance(item.get(k), (int, float)) and math.isfinite(item[k]) for k in VALUES)
+    step = item.get("step") is None or isinstance(item.get("step"), int)
+    return item.get("phase") in PHASES and numbers and step and item["total"] > 0
+
+
 def parse(line: str) -> dict | None:
     """One eval result ({phase: pre|intermediate|post, step, accuracy, ...}), or None."""
     m = EVAL.search(line)
@@ -100,6 +111,25 @@ def from_log(path: str, total_steps: int | None) -> list[dict]:
     return final(evals, total_steps)
 
 
+def _spread(percent: float, total: float) -> float:
+    n = total + 2
+    p = (percent / 100 * total + 1) / n
+    return p * (1 - p) / n
+
+
+def interval(one: dict, other: dict, key: str) -> float:
+    """The 95% interval, in points, of the change in `key` between two evals (Agresti-Caffo: one success and one
+    failure added to each side, sound at 0% and 100% too)."""
+    return 100 * Z95 * math.sqrt(_spread(one[key], one["total"]) + _spread(other[key], other["total"]))
+
+
+def margin(percent: float, total: int, other_percent: float, other_total: int) -> float:
+    """The 95% interval of the difference of two accuracies, each of its own number of problems."""
+    return interval(
+        {"accuracy": percent, "total": total}, {"accuracy": other_percent, "total": other_total}, "accuracy"
+    )
+
+
 def outcome(evals: list[dict]) -> dict | None:
     """The run's result: the first attempt's eval before training (never a resumed attempt's eval of restored
     weights) against the last eval (after training, else the latest step's), with the 95% interval of the
@@ -110,14 +140,9 @@ def outcome(evals: list[dict]) -> dict | None:
         return None
     after = next((e for e in later if e["phase"] == "post"), None) or max(later, key=lambda e: e["step"] or 0)
 
-    def spread(e: dict, key: str) -> float:
-        n = e["total"] + 2
-        p = (e[key] / 100 * e["total"] + 1) / n
-        return p * (1 - p) / n
-
     change = after["accuracy"] - before["accuracy"]
-    margin = 100 * Z95 * math.sqrt(spread(before, "accuracy") + spread(after, "accuracy"))
-    format_margin = 100 * Z95 * math.sqrt(spread(before, "format_accuracy") + spread(after, "format_accuracy"))
+    margin = interval(before, after, "accuracy")
+    format_margin = interval(before, after, "format_accuracy")
     return {
         "before": before["accuracy"],
         "after": after["accuracy"],
@@ -164,25 +189,31 @@ def warnings(result: dict) -> list[str]:
     return found
 
 
+def missing(results: list[dict]) -> str:
+    """What of the run's evals is not there to judge it by (for a run whose `outcome` is None)."""
+    if not results:
+        return "no GSM8K eval was recorded for this run (train.num_test_batches: 0 evaluates nothing)"
+    if not any(e["phase"] == "pre" for e in results):
+        return "the GSM8K eval of the model before training is not among this run's records (it was never recorded)"
+    return "no GSM8K eval after training is among this run's records"
+
+
 def card_result(evals: list[dict]) -> str:
-    """The model card's result paragraph (Markdown), or a plain note that no evals were logged."""
+    """The model card's result paragraph (Markdown), or a plain note of what was not recorded."""
     result = outcome(evals)
     if result is None:
-        return "No GSM8K evals before and after training were logged for this run."
+        return f"Not judged: {missing(evals)}."
     return "\n\n".join([f"**Result:** {result_line(result)}.", *(f"**Warning:** {w}." for w in warnings(result))])
 
 
 def held_back(results: list[dict], rule: str) -> str | None:
     """Why results.publish_if keeps this run's model off the Hub (None: publish it). `rule`: "always",
-    "improved", or the lowest accuracy after training in %. No evals never pass silently."""
+    "improved", or the lowest accuracy after training in %. Missing evals never pass silently."""
     if rule == "always":
         return None
     result = outcome(results)
     if result is None:
-        return (
-            "no GSM8K evals before and after training were logged (num_test_batches: 0, or train's log is "
-            f"gone), so publish_if: {rule} cannot be judged"
-        )
+        return f"{missing(results)}, so publish_if: {rule} cannot be judged"
     if rule == "improved":
         if result["judged"] and result["change"] > 0:
             return None

@@ -66,6 +66,8 @@ POINTS = (
     "driver.wrote-plan",
     "driver.kept-run-plan",
     "driver.rotated-events",
+    # driver.start: the starting command's environment, which a revived driver runs its jobs in
+    "driver.kept-environment",
     # driver.Driver.save: driver.json (the pipeline's state), saved at each change
     "driver.saved",
     # driver.Driver.autostop: about to run the shutdown command, and its outcome recorded

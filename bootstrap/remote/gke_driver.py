@@ -121,7 +121,7 @@ def drive(plan: dict, api: jobset_state.Api, bucket: jobset_state.Bucket) -> Pip
             return str(err)  # this job fails; what does not need it runs on
         return None
 
-    graph = Graph(plan["jobs"], state_of, launch, lambda: [], emit)
+    graph = Graph(plan["jobs"], state_of, launch, lambda tpu: [], emit)
     emit({"event": "pass", "run": plan["run"], "digest": plan["digest"]})
     while graph.step():
         time.sleep(POLL_SECONDS)

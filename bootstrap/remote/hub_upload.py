@@ -1,18 +1,23 @@
 """Upload an exported model folder to the Hugging Face Hub from the VM, resumably, then verify.
 
-    python hub_upload.py FOLDER REPO_ID --card CARD.md [--evals-from TRAIN_LOG --steps N] [--private]
-        --marker PUBLISHED.json
+    python hub_upload.py FOLDER REPO_ID --card CARD.md --marker PUBLISHED.json [--private]
+        [--evals-from EVALS_DIR --steps N --run RUN] [--publish-if improved|always|PERCENT]
 
 Runs with the MaxText venv's Python (huggingface_hub comes with MaxText). The token
 comes from HF_TOKEN in the environment and the Hub from HF_ENDPOINT. One commit per
-file, largest last. A file counts as on the Hub only when the Hub's own hash of it
-matches ours: the LFS SHA-256 for large files (checked against the export's
-SHA256SUMS), the git blob id for small ones. So a re-run carries on an interrupted
-16 GB upload without sending finished files again, and still replaces a file of the
-same size with other contents. The marker is written only after every file verifies.
-The card's eval table is filled here from the train job's log (evals.py), so the card
-says what this export scored even when no laptop watched the run; without that log (on
-gke, where train's log stays with its pod) the table says that no results were recorded.
+file, the model card last, so the card never describes weights that are not there yet.
+A file counts as on the Hub only when the Hub's own hash of it matches ours: the LFS
+SHA-256 for large files (checked against the export's SHA256SUMS), the git blob id for
+small ones. So a re-run carries on an interrupted 16 GB upload without sending finished
+files again, and still replaces a file of the same size with other contents. The marker is
+written only after every file verifies.
+
+The run is judged from its durable eval records (attempts.py: the base model's eval before the first
+attempt trained, the final one after the last), never from one attempt's log, which a restart moves
+aside and a lost VM loses. The card's eval table and result come from them, and the result goes into
+the card's `model-index` metadata (the Hub's own convention, shown on the model's page). With
+publish_if: improved, a model is uploaded only if it beats its base model beyond the noise, and beats
+the model the repository holds already, as that repository's card says, beyond the noise of both evals.
 """
 
 from __future__ import annotations
@@ -23,13 +28,18 @@ import json
 import os
 import sys
 
-import evals  # beside this script in the VM's tools folder, as manifest
+import attempts  # beside this script in the VM's tools folder, as evals and manifest
+import evals
 import faults
 import manifest
-from huggingface_hub import HfApi
+from huggingface_hub import EvalResult, HfApi, ModelCard
+from huggingface_hub.errors import RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoFile
 
 CARD_NAME = "README.md"
+DATASET = "openai/gsm8k"
+METRIC = "accuracy"
+SOURCE = "tpu-rl run "  # the model-index's source name: which run's model the repository holds
 
 
 def git_blob_id(path: str) -> str:
@@ -62,16 +72,75 @@ def wanted_files(folder: str, card: str) -> dict[str, tuple[str, str]]:
     return wanted
 
 
-def write_card(template: str, results: list[dict]) -> str:
-    """The card beside its template, with the eval table's rows and the run's result in place."""
+def eval_result(result: dict, run: str, url: str) -> EvalResult:
+    """The run's result as the model card's model-index states it: accuracy after training on GSM8K's test
+    split, with the eval's size and the 95% interval of the change, and the run it came from."""
+    return EvalResult(
+        task_type="text-generation",
+        dataset_type=DATASET,
+        dataset_name="GSM8K",
+        dataset_config="main",
+        dataset_split="test",
+        metric_type=METRIC,
+        metric_value=round(result["after"], 2),
+        metric_name="GSM8K accuracy after training",
+        metric_args={
+            "problems": result["problems"],
+            "before": round(result["before"], 2),
+            "interval_95": result["interval"],
+        },
+        source_name=f"{SOURCE}{run}",
+        source_url=url,
+    )
+
+
+def write_card(template: str, results: list[dict], repo: str = "", run: str = "", url: str = "") -> str:
+    """The card beside its template, with the eval table's rows and the run's result in place, and the result
+    in its model-index metadata (when the run has one)."""
     with open(template) as f:
         text = f.read().replace(evals.CARD_ROWS, evals.card_rows(results))
-    text = text.replace(evals.CARD_RESULT, evals.card_result(results))
-    card = os.path.join(os.path.dirname(template), CARD_NAME)
-    with open(card, "w") as f:
-        f.write(text)
+    card = ModelCard(text.replace(evals.CARD_RESULT, evals.card_result(results)))
+    if (result := evals.outcome(results)) is not None and repo:
+        card.data.model_name = repo
+        card.data.eval_results = [eval_result(result, run, url)]
+    path = os.path.join(os.path.dirname(template), CARD_NAME)
+    with open(path, "w") as f:
+        f.write(str(card))
     faults.point("hub-upload.wrote-card")
-    return card
+    return path
+
+
+def held_by(api: HfApi, repo: str) -> dict | None:
+    """The GSM8K accuracy the repository's model scored, as its card's model-index states it ({accuracy,
+    problems, run}); None for a repository that does not exist or states none."""
+    try:
+        card = api.model_info(repo).card_data
+    except RepositoryNotFoundError:
+        return None
+    for item in (card.eval_results if card is not None else None) or []:
+        if item.dataset_type == DATASET and item.metric_type == METRIC and isinstance(item.metric_value, (int, float)):
+            args = item.metric_args if isinstance(item.metric_args, dict) else {}
+            problems = args.get("problems") if isinstance(args.get("problems"), int) else None
+            run = (item.source_name or "").removeprefix(SOURCE) if (item.source_name or "").startswith(SOURCE) else ""
+            return {"accuracy": float(item.metric_value), "problems": problems, "run": run}
+    return None
+
+
+def not_better(result: dict, there: dict | None, run: str, repo: str) -> str | None:
+    """Why this run's model must not replace the one `repo` holds (None: it is better beyond the noise of both
+    evals, or the repository holds none, or holds this very run's, an upload carried on)."""
+    if there is None or (there["run"] and there["run"] == run):
+        return None
+    theirs = dict(there, total=there["problems"] or result["problems"])
+    margin = evals.margin(result["after"], result["problems"], theirs["accuracy"], theirs["total"])
+    if result["after"] - theirs["accuracy"] > margin:
+        return None
+    holder = f"run {there['run']}'s model" if there["run"] else "a model"
+    return (
+        f"publish_if: improved, and it is not better than what {repo} holds: {holder} scored "
+        f"{there['accuracy']:.1f}% on {theirs['total']:,} problems, this run {result['after']:.1f}% on "
+        f"{result['problems']:,} (+-{margin:.1f} points)"
+    )
 
 
 def hold(marker: str, repo: str, why: str) -> None:
@@ -91,18 +160,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--card", required=True)
     parser.add_argument("--marker", required=True)
     parser.add_argument("--private", action="store_true")
-    parser.add_argument("--evals-from", help="the train job's log, for the card's eval table")
+    parser.add_argument("--evals-from", help="the folder of the run's eval records (attempts.py)")
     parser.add_argument("--steps", type=int, help="the run's steps (an eval at the last one is the Post eval)")
+    parser.add_argument("--run", default="", help="the run's name, which the card's model-index names")
     parser.add_argument("--publish-if", default="always", help='results.publish_if: "improved", "always" or a %%')
     args = parser.parse_args(argv)
-    results = evals.from_log(args.evals_from, args.steps) if args.evals_from else []
-    args.card = write_card(args.card, results)
-    if why := evals.held_back(results, args.publish_if):
+    records = attempts.read_records(args.evals_from) if args.evals_from else []
+    results = attempts.recorded_evals(records, args.steps)
+    url = f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'}/{args.repo_id}"
+    args.card = write_card(args.card, results, args.repo_id, args.run, url)
+    api = HfApi()
+    why = evals.held_back(results, args.publish_if)
+    if why is None and args.publish_if == "improved":
+        why = not_better(evals.outcome(results), held_by(api, args.repo_id), args.run, args.repo_id)
+    if why:
         hold(args.marker, args.repo_id, why)
         print(f"[tpu-rl] not uploading to {args.repo_id}: {why}", flush=True)
         return 0
 
-    api = HfApi()
     url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)
     private = api.repo_info(args.repo_id).private  # an existing repo keeps its own visibility
     print(f"[tpu-rl] repository {url} ({'private' if private else 'public'})", flush=True)
@@ -120,8 +195,9 @@ def main(argv: list[str]) -> int:
         return 1
     present = remote_files(api, args.repo_id)
     sizes = {name: os.path.getsize(source) for name, (source, _) in wanted.items()}
-    todo = sorted(
-        (p for p, (source, digest) in wanted.items() if not matches(present.get(p), digest, source)), key=sizes.get
+    todo = sorted(  # the card last: it states the result of weights that are all there
+        (p for p, (source, digest) in wanted.items() if not matches(present.get(p), digest, source)),
+        key=lambda p: (p == CARD_NAME, sizes[p]),
     )
     print(f"[tpu-rl] {len(wanted) - len(todo)} of {len(wanted)} files already on the Hub (hashes match)", flush=True)
     for number, path in enumerate(todo, 1):

@@ -71,6 +71,9 @@ CONTROL_BYTES = (
 # input, then keeps its exit code in the file named first.
 GO_THEN_RUN = 'IFS= read -r go; [ "$go" = go ] || exit 0; exec </dev/null; "$@"; echo $? > "$0"'
 QUIET_FLUSH_SECONDS = 1  # bytes held back for a secret's rest are shown once the log is quiet this long
+# What any Hugging Face access token looks like: one the VM no longer holds (rotated since, or a job's own) is
+# redacted too, in a log written before the change.
+TOKEN_SHAPE = (rb"hf_", rb"[A-Za-z0-9]", 30, 128)  # prefix, one character, at least, at most
 
 
 class JobState(str, enum.Enum):
@@ -87,7 +90,8 @@ class JobState(str, enum.Enum):
     INTERRUPTED = "interrupted"
     """Started, but runner and process are gone without a verdict (VM restart, kill)."""
     LOST = "lost"
-    """Was done, but its outputs have gone since (a restart wipes /dev/shm)."""
+    """Was done, but its outputs have gone since (a restart wipes /dev/shm), or a Hub upload held back
+    (results.publish_if) whose export has gone: the model then exists nowhere."""
     STALE = "stale"
     """Was done, but for inputs that have changed since (a copy of an export that was made again); inputs
     that are gone leave a copy done."""
@@ -294,7 +298,9 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
             state["restored_from"] = done["restored_from"]
         if not missing and spec.get("inputs") and done.get("inputs") != inputs_digest(spec["inputs"]):
             gone = not any(os.path.exists(os.path.expanduser(path)) for path in spec["inputs"])
-            if gone and (planned is None or planned.get("inputs") == spec["inputs"]):
+            if gone and spec.get("may_hold") and held(spec):  # a decision not to copy is never a copy
+                state.update(state=JobState.LOST, held_gone=True, error="the model it held back is gone")
+            elif gone and (planned is None or planned.get("inputs") == spec["inputs"]):
                 state["source_gone"] = spec["inputs"]  # a restart wiped /dev/shm: the verified copy is the result
             else:  # changed, or the plan now copies another export
                 state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
@@ -308,6 +314,12 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
         state["state"] = JobState.PENDING
     state["state"] = state["state"].value
     return state
+
+
+def held(spec: dict) -> bool:
+    """Whether a durable copy's job decided to keep the model off its target (its marker, the first output, says
+    why: results.publish_if): then the VM's copy it decided about is the only one."""
+    return bool((read_json(os.path.expanduser(spec["outputs"][0])) or {}).get("held"))
 
 
 def _secret_env(spec: dict) -> dict:
@@ -501,14 +513,17 @@ def launch(job_dir: str, spec_text: str) -> dict:
     return job_state(job_dir)
 
 
-def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS):
-    """Start `argv` detached (its own session; its output appended to `err_path`) and return `ready(pid)`'s
-    first true answer. Raises RuntimeError with what it wrote when it ended first or took over `wait` s."""
+def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS, env=None):
+    """Start `argv` detached (its own session; its output appended to `err_path`; in `env`, else this process's
+    environment) and return `ready(pid)`'s first true answer. Raises RuntimeError with what it wrote when it
+    ended first or took over `wait` s."""
     import subprocess  # here, not above: every fab command starts a tool on the VM, and few start a process
 
     offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
     with open(err_path, "ab") as err:
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, env=env
+        )
     deadline = time.monotonic() + wait
     while not (answer := ready(process.pid)):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -537,9 +552,12 @@ class Redactor:
         self.patterns = [
             CONTROL_BYTES.join(re.escape(value[i : i + 1]) for i in range(len(value))) for value in values if value
         ]
+        prefix, character, fewest, most = TOKEN_SHAPE
+        shaped = CONTROL_BYTES.join(re.escape(prefix[i : i + 1]) for i in range(len(prefix)))
+        self.patterns.append(shaped + rb"(?:" + CONTROL_BYTES + character + rb"){%d,%d}" % (fewest, most))
         self.patterns = [re.compile(pattern) for pattern in self.patterns]
         # room for a colour code (up to about 20 bytes) between each two characters of the longest secret
-        self.keep = 24 * max((len(value) for value in values if value), default=0)
+        self.keep = 24 * max([len(prefix) + most, *(len(value) for value in values if value)])
         self.pending = b""
 
     @classmethod
@@ -554,8 +572,9 @@ class Redactor:
     def feed(self, data: bytes) -> bytes:
         """What of the stream so far can be shown (all of it once `data` is b"": the end, or a quiet log)."""
         text = self.pending + data
-        for pattern in self.patterns:
-            text = pattern.sub(REDACTED, text)
+        for pattern in self.patterns:  # a match that reaches the end may go on in the next chunk: it waits whole
+            end = len(text)
+            text = pattern.sub(lambda m, end=end: m[0] if data and m.end() == end else REDACTED, text)
         cut = max(0, len(text) - self.keep) if data else len(text)
         self.pending = text[cut:]
         return text[:cut]

@@ -21,6 +21,7 @@ except ImportError:
     import faults  # on the VM: beside this script in the tools folder
 
 NAME = "SHA256SUMS"
+TEMPORARY = f".{NAME}.tmp"  # where the manifest is written before it is renamed into place: never listed
 CHUNK = 4 << 20
 
 
@@ -54,7 +55,7 @@ def files_of(folder: str) -> list[str]:
             if os.path.islink(os.path.join(root, name)):
                 raise ValueError(f"{os.path.join(root, name)} is a link; an export holds plain files only")
         found += [os.path.relpath(os.path.join(root, n), folder) for n in sorted(names)]
-    return [name for name in found if name != NAME]
+    return [name for name in found if name not in (NAME, TEMPORARY)]
 
 
 def render(digests: dict[str, str]) -> str:
@@ -76,6 +77,9 @@ def read_verified(folder: str) -> dict[str, str]:
     """The folder's manifest, after checking every file against it; raise ValueError naming what differs."""
     with open(os.path.join(folder, NAME)) as f:
         digests = parse(f.read())
+    gone = [name for name in digests if not os.path.isfile(os.path.join(folder, name))]
+    if gone:
+        raise ValueError(f"{', '.join(gone)} listed in {NAME} but not in {folder}")
     wrong = [name for name, digest in digests.items() if file_digest(os.path.join(folder, name)) != digest]
     if wrong:
         raise ValueError(f"{', '.join(wrong)} no longer match {NAME} in {folder}")
@@ -85,7 +89,7 @@ def read_verified(folder: str) -> dict[str, str]:
 def write(folder: str) -> dict[str, str]:
     """Hash every file and write the manifest atomically (a reader never sees half of it)."""
     digests = {name: file_digest(os.path.join(folder, name)) for name in files_of(folder)}
-    temporary = os.path.join(folder, f".{NAME}.tmp")
+    temporary = os.path.join(folder, TEMPORARY)
     with open(temporary, "w") as f:
         f.write(render(digests))
     os.replace(temporary, os.path.join(folder, NAME))
@@ -94,8 +98,10 @@ def write(folder: str) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    """Write the manifest, then check the folder against it: the export is done only with one that verifies."""
     try:
         digests = write(argv[0])
+        read_verified(argv[0])
     except ValueError as err:
         print(f"[tpu-rl] {NAME}: {err}", file=sys.stderr, flush=True)
         return 1

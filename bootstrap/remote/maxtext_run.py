@@ -10,7 +10,8 @@ Successfully!" and never exits, so its job never ends. This closes the pool the 
 (close + join: each worker takes its stop sentinel and exits) once the module returns, and
 otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
 failure with the pool open, the process ends at once with the module's status. Before the module
-runs, the start is recorded where the job's environment says (attempts.py). Stdlib only.
+runs, the start is recorded where the job's environment says, and each eval it logs from then on
+(attempts.py). Stdlib only.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> None:
     if importlib.util.find_spec(module) is None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
     attempts.record_start(dict(os.environ))
+    attempts.EvalRecorder.install(dict(os.environ))
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:

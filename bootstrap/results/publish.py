@@ -16,8 +16,7 @@ from rich.markup import escape
 from ..errors import UserError
 from ..jobs.plan import DURABLE_DIR, Plan, PlannedJob, runner_spec
 from ..jobs.spec import PipelineSpec
-from ..remote import evals, manifest
-from ..remote.jobrunner import LOG
+from ..remote import attempts, evals, manifest
 from ..remote.jobset_state import OUTPUTS_ANNOTATION
 from ..vm import connect
 
@@ -79,21 +78,25 @@ def _hub_target(plan: Plan) -> str:
 
 
 def _hub_flags(plan: Plan, publish_if: str | None = None) -> list[str]:
+    """How hub_upload.py judges the run: results.publish_if (or `publish_if`: fab publish's "always"), from the
+    run's durable eval records (train's environment names their folder), for the run's own name."""
     rule = publish_if or str(plan.spec.results.publish_if)
-    return [*(["--private"] if plan.spec.results.hub_private else []), "--publish-if", rule]
+    flags = [*(["--private"] if plan.spec.results.hub_private else []), "--publish-if", rule, "--run", plan.run_name]
+    if records := plan.job("train").rendered.env.get(attempts.EVALS_ENV):
+        flags += ["--evals-from", records]
+    if (steps := _train_steps(plan)) is not None:
+        flags += ["--steps", str(steps)]
+    return flags
 
 
 def hub_job(plan: Plan, folder: str, publish_if: str | None = None) -> PlannedJob:
-    """The Hub upload as a job of the VM's pipeline; the card's eval rows come from train's log there, and
-    results.publish_if (or `publish_if`: fab publish's "always") decides there whether it uploads."""
+    """The Hub upload as a job of the VM's pipeline; it judges the run there (results.publish_if) and fills the
+    card's eval rows from the run's durable eval records."""
     repo = plan.spec.results.hub_repo
     job_dir = plan.layout.run_job(plan.run_name, f"publish-hub-{repo.replace('/', '--')}")
     marker = f"{job_dir}/{HUB_MARKER}"
     argv = [plan.spec.environment.python_path, plan.layout.tool("hub_upload.py"), folder, repo]
-    argv += _hub_flags(plan, publish_if)
-    argv += ["--card", f"{job_dir}/card.md", "--marker", marker, "--evals-from", f"{plan.job('train').job_dir}/{LOG}"]
-    if (steps := _train_steps(plan)) is not None:
-        argv += ["--steps", str(steps)]
+    argv += [*_hub_flags(plan, publish_if), "--card", f"{job_dir}/card.md", "--marker", marker]
     spec = runner_spec(
         plan.layout,
         "hub_upload",
@@ -103,13 +106,13 @@ def hub_job(plan: Plan, folder: str, publish_if: str | None = None) -> PlannedJo
         secrets=["HF_TOKEN"],
         inputs=[f"{folder}/{manifest.NAME}"],
         files={"card.md": model_card(plan)},
+        may_hold=True,  # its marker may say it held the model back: then it is no copy (jobrunner.held)
     )
     return PlannedJob(f"{DURABLE_PREFIX}hub", job_dir, spec, needs=("export",), target=_hub_target(plan))
 
 
 def gke_hub_job(plan: Plan, outputs: dict) -> PlannedJob:
-    """The Hub upload as a JobSet after export's. train's log is not kept in the bucket, so the card says
-    that no eval results were recorded."""
+    """The Hub upload as a JobSet after export's, judging the run from its eval records in the bucket."""
     from ..gke import jobsets, session  # a gke stack only
 
     name = f"{DURABLE_PREFIX}hub"

@@ -56,7 +56,9 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
                 note = f"# a new run: {NEW_RUN!r} stands for the name fab train gives it\n" if not name else ""
                 print(note + yaml.safe_dump_all(manifests, sort_keys=False))
             return
-    built = build(files, [*durable_overrides(pipeline.spec, None, offline=True), *(arg or [])], name or PLACEHOLDER_RUN)
+    user = getattr(c, "user", None)  # -H's (a Connection); else the stack's default SSH user
+    durable = durable_overrides(pipeline.spec, None, offline=True)
+    built = build(files, [*durable, *(arg or [])], name or PLACEHOLDER_RUN, user)
     record = runs.RunRecord.load(name) if name else None
     print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
 

@@ -171,12 +171,12 @@ def _listed(c, files: load.JobFiles, say) -> tuple[dict, str, Callable, int]:
     durable = durable_overrides(spec, outputs)
     conn = connect.connection(c, say, outputs)
     vm = Vm(connect.open_connection(conn, outputs), Layout(spec.vm.state_dir))
-    request = side_by_side.request(build(files, durable), outputs)
+    request = side_by_side.request(build(files, durable, user=conn.user), outputs)
     vm.install(runs=request)
 
     def now(run: str, settings: list[str]) -> Plan | None:
         try:
-            return build(files, [*durable, *settings], run)
+            return build(files, [*durable, *settings], run, conn.user)
         except UserError:
             return None
 

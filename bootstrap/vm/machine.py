@@ -38,6 +38,7 @@ TOOLS = (
     "retry.py",
     "faults.py",
     "driver.py",
+    "folders.py",
     "inventory.py",
     "evals.py",
     "maxtext_check.py",

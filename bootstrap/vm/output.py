@@ -17,10 +17,12 @@ MAX_LINE = 1024 * 1024
 # CSI and OSC sequences, then any other C0 control or DEL (tab kept).
 CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
 LINE_END = re.compile(rb"\r\n|\r|\n")
+TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{30,128}")  # any Hugging Face access token (jobrunner.TOKEN_SHAPE)
 
 
 class Cleaner:
-    """Redacts the given secret values and strips control sequences from text."""
+    """Redacts the given secret values, and anything shaped like a Hugging Face token, and strips control
+    sequences from text."""
 
     def __init__(self, secrets: Iterable[str] = ()):
         self.secrets = [s for s in secrets if s]
@@ -29,7 +31,7 @@ class Cleaner:
         text = CONTROL.sub("", text)  # first: a control sequence inside a secret must not hide it
         for value in self.secrets:
             text = text.replace(value, REDACTED)
-        return text
+        return TOKEN_SHAPE.sub(REDACTED, text)
 
 
 def lines(chunks: Iterable[bytes]) -> Iterator[str]:

@@ -57,9 +57,11 @@ def autostop(session: Session, jobs: list[PlannedJob]) -> tuple[int | None, str]
 
 
 def preflight_request(session: Session) -> dict:
-    """What the VM must offer before its first TPU job (jobrunner.preflight)."""
+    """What the VM must offer: the run's folders its user's alone before the first job (folders.py), then the
+    chips, memory and the secrets before its first TPU job (jobrunner.preflight)."""
     vm_spec = session.plan.spec.vm
     return {
+        "folders": dict(session.plan.folders),
         "chips": vm_spec.chips,
         "chip_glob": vm_spec.chip_glob,
         "min_memory_gb": vm_spec.min_memory_gb,

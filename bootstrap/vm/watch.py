@@ -67,7 +67,7 @@ class Watcher:
             failed = [
                 f"{self.session.vm.name}: preflight {c['check']}: {c['message']}" for c in item["checks"] if not c["ok"]
             ]
-            self.preflight = failed
+            self.preflight += failed
             for check in item["checks"]:
                 if check["ok"] and "removed" in check["message"]:
                     self.say(f"{self.session.vm.name}: {check['message']}")

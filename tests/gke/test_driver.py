@@ -24,7 +24,7 @@ from google.api_core.exceptions import Conflict
 
 from bootstrap.gke import jobsets
 from bootstrap.gke.jobsets import name_of as js
-from bootstrap.remote import manifest
+from bootstrap.remote import attempts, manifest
 from tests import gcsemulator, hubstub, kubestub, tbevents
 from tests.kubestub import Run
 from tests.loopback import REPO
@@ -438,9 +438,12 @@ def test_the_api_lost_while_watching_ends_the_watch_in_one_line_and_the_pipeline
     assert again.returncode == 0 and again.stdout.count("done already") == 3, again.stdout + again.stderr
 
 
-def test_on_gke_an_improved_gate_holds_the_hub_copy_back_and_says_no_evals_were_logged(fab, tmp_path):
-    """train's log goes with its pod: no evals reach the Hub job, so results.publish_if: improved (the default)
-    holds the model back, and fab says why instead of a silent upload or a silent skip."""
+def test_on_gke_the_hub_job_judges_the_run_from_the_evals_train_recorded_in_the_bucket(
+    fab, tmp_path, gcs_emulator, monkeypatch
+):
+    """train's log goes with its pod, but its launcher records each eval beside the checkpoints, in the bucket:
+    the Hub job reads them there. A run with none recorded is held back with that reason (results.publish_if:
+    improved, the default), never a silent upload; one whose records show it improved is uploaded."""
     repo = "tester/grpo-gke-gated"
     pipeline = tmp_path / "jobs" / "pipeline.yaml"
     spec = yaml.safe_load(pipeline.read_text())
@@ -450,7 +453,17 @@ def test_on_gke_an_improved_gate_holds_the_hub_copy_back_and_says_no_evals_were_
     fab.kube.scripts["publish-hub"] = [Run([], "exec")]
     result = fab("train", "--run-name", "r9")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"not uploaded to {repo}: no GSM8K evals before and after training were logged" in " ".join(
-        result.stdout.split()
-    )
+    assert f"not uploaded to {repo}: no GSM8K eval was recorded for this run" in " ".join(result.stdout.split())
     assert repo not in fab.hub.repos
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # as train's pod reaches the bucket
+    recorder = attempts.EvalRecorder("gs://my-results/llama3.1-8b-Instruct/post-train/r10/evals")
+    for phase, correct in (("Pre RL Training", 600), ("Post RL Training", 800)):  # as train_rl logs them
+        recorder.read(f"W1203 10:00:00.0 1 train_rl.py:716] {phase}: corr={correct}, total=1319, "
+                      f"accuracy={correct / 13.19}%, partial_accuracy=50.0%, format_accuracy=90.0%, mean_reward=1.0")  # fmt: skip
+    script(fab.kube)
+    fab.kube.scripts["publish-hub"] = [Run([], "exec")]
+    better = fab("train", "--run-name", "r10")
+    assert better.returncode == 0, better.stdout + better.stderr
+    card = fab.hub.repos[repo]["README.md"].decode()
+    assert "| before training | 45.49 |" in card and "value: 60.65" in card and "name: tpu-rl run r10" in card

@@ -89,6 +89,7 @@ def test_upload_that_fails_half_way_resumes_without_sending_files_again(fab: Fab
     assert "publish-hub failed" in failed.stderr
     sent_before = list(fab.hub.commits[repo])
     assert "config.json" in sent_before and "model.safetensors" not in sent_before
+    assert "README.md" not in sent_before  # the card last: it never states the result of weights not there
 
     fab.hub.fail_commits_of.clear()
     files = fab.hub.repos[repo]
@@ -98,7 +99,7 @@ def test_upload_that_fails_half_way_resumes_without_sending_files_again(fab: Fab
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "export: done already" in resumed.stdout
     new = fab.hub.commits[repo][len(sent_before) :]
-    assert new == ["config.json", "model.safetensors"]  # the two that differ by hash, nothing else sent twice
+    assert new == ["config.json", "model.safetensors", "README.md"]  # what differs by hash, then the card
     assert {k: v for k, v in fab.hub.repos[repo].items() if k != "README.md"} == exported(fab, current_run(fab))
 
 
@@ -202,6 +203,27 @@ def test_a_worse_model_is_held_back_from_the_hub_and_fab_publish_uploads_it_anyw
     assert "**Result:** GSM8K accuracy 45.5% -> 37.9%" in card and "**Warning:** accuracy fell" in card
 
 
+def test_a_held_back_model_is_no_copy_a_restart_that_wipes_it_makes_it_again(fab: Fab):
+    """A held upload is never the run's kept copy: after a restart wiped /dev/shm (the only copy), the pipeline
+    does not end "done" with the model nowhere; it says so, makes the export again, judges it again (held
+    again), keeps it on the VM, and autostop stays off."""
+    repo = gate(fab, "improved")
+    worse = ("--arg", "vars.num_batches=2", "--arg", "train.env.STANDIN_EVALS=600,500,1319")
+    assert fab("train", *worse).returncode == 0
+    run = current_run(fab)
+    lose(fab)  # the restart: every process gone, /dev/shm emptied, the disk kept
+    shutil.rmtree(fab.tmp / "shm")
+    again = fab("train", *worse)
+    assert again.returncode == 0, again.stdout + again.stderr
+    out = " ".join(again.stdout.split())
+    assert "publish-hub: held the model back (results.publish_if), and the VM's copy of it is gone" in out
+    assert "publish-hub: done already" not in out and "export: was done but its outputs are gone" in out
+    assert f"not uploaded to {repo}: publish_if: improved, and it did not" in out and repo not in fab.hub.repos
+    assert "SHA256SUMS" in exported(fab, run)  # the model is on the VM again, its only place
+    record = json.loads((fab.tmp / "state" / "pipeline" / "driver.json").read_text())
+    assert record["autostop_idle"] is None and record["autostop_why"].startswith("off: the model was held back")
+
+
 def test_a_better_model_is_uploaded_and_a_run_without_evals_is_held_back_with_its_reason(fab: Fab):
     repo = gate(fab, "improved")
     better = fab("train", "--arg", "vars.num_batches=2", "--arg", "train.env.STANDIN_EVALS=600,800,1319")
@@ -211,5 +233,50 @@ def test_a_better_model_is_uploaded_and_a_run_without_evals_is_held_back_with_it
     silent = fab("train", "--new-run", "--arg", "vars.num_batches=2", "--arg", "train.num_test_batches=0")
     assert silent.returncode == 0, silent.stderr
     out = " ".join(silent.stdout.split())
-    assert f"not uploaded to {repo}: no GSM8K evals before and after training were logged" in out
+    assert f"not uploaded to {repo}: no GSM8K eval was recorded for this run (train.num_test_batches: 0" in out
     assert repo not in fab.hub.repos
+
+
+def test_a_resumed_run_is_judged_from_its_first_attempts_eval_before_training(fab: Fab):
+    """The gate judges the run, not the attempt: train failed half way, the next fab train resumed it (its log
+    moved aside, its own Pre eval scoring the restored weights), and the better model is uploaded."""
+    repo = gate(fab, "improved")
+    better = ("--arg", "vars.num_batches=4", "--arg", "train.env.STANDIN_EVALS=600,800,1319")
+    failed = fab("train", *better, "--arg", "train.env.STANDIN_FAIL=1")
+    assert failed.returncode == 2 and "train failed" in failed.stderr
+    resumed = fab("train", *better)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Restored params from step: 2" in (fab.job_dir(current_run(fab), "train") / "log").read_text()
+    assert f"model kept at {fab.hub.url}/{repo} (verified)" in resumed.stdout
+    card = fab.hub.repos[repo]["README.md"].decode()
+    assert "| before training | 45.49 |" in card and "| resumed at step 2 | 45.49 |" in card
+
+
+def test_a_worse_model_never_replaces_a_better_one_on_the_hub(fab: Fab):
+    """publish_if: improved compares with what the repository holds, as its card's model-index says: a run that beat
+    its own base model but not the model there is held, saying which run holds it; a better one replaces it."""
+    repo = gate(fab, "improved")
+    best = fab("train", "--arg", "vars.num_batches=2", "--arg", "train.env.STANDIN_EVALS=600,811,1319")
+    assert best.returncode == 0, best.stderr
+    holder = current_run(fab)
+    card = fab.hub.repos[repo]["README.md"].decode()
+    assert "type: openai/gsm8k" in card and "value: 61.49" in card and f"name: tpu-rl run {holder}" in card
+    weights = fab.hub.repos[repo]["model.safetensors"]
+    worse = ("--arg", "vars.num_batches=3", "--arg", "train.env.STANDIN_EVALS=600,725,1319")  # 45.5% -> 55.0%
+    held = fab("train", "--new-run", *worse)
+    assert held.returncode == 0, held.stderr
+    out = " ".join(held.stdout.split())
+    assert (
+        f"not uploaded to {repo}: publish_if: improved, and it is not better than what {repo} holds: run {holder}'s "
+        "model scored 61.5% on 1,319 problems, this run 55.0% on 1,319" in out
+    )
+    assert (
+        fab.hub.repos[repo]["model.safetensors"] == weights
+        and f"run {holder}" in fab.hub.repos[repo]["README.md"].decode()
+    )
+    assert "Publish it anyway: fab publish --run-name" in out
+    better = ("--arg", "vars.num_batches=4", "--arg", "train.env.STANDIN_EVALS=600,950,1319")  # 72.0%
+    replaced = fab("train", "--new-run", *better)
+    assert replaced.returncode == 0, replaced.stderr
+    assert f"model kept at {fab.hub.url}/{repo} (verified)" in replaced.stdout
+    assert f"name: tpu-rl run {current_run(fab)}" in fab.hub.repos[repo]["README.md"].decode()

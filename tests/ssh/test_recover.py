@@ -136,10 +136,14 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
 ):
     """Convert is not run again (its record and checkpoint are in the bucket, so neither is prefetch), train
     restores the last checkpoint committed before the loss and runs only the steps after it, and the export
-    is of the final step."""
+    is of the final step. The publish gate judges the run, not the attempt: the lost VM's eval of the base
+    model is kept in the bucket, so the better model is uploaded (it was held for a log the new VM lacks)."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)
     durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
-    args = ("--arg", f"vars.durable_dir={durable}", "--arg", "vars.num_batches=6")
+    repo = f"tester/recovered-{uuid.uuid4().hex[:8]}"
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(hub_repo=repo, publish_if="improved"))
+    better = ("--arg", "train.env.STANDIN_EVALS=600,800,1319")
+    args = ("--arg", f"vars.durable_dir={durable}", "--arg", "vars.num_batches=6", *better)
     slow = ("--arg", "train.env.STANDIN_SECONDS=2")  # a checkpoint a step (a tenth of 6, at least 1), 2 s each
     actor = f"{durable}/post-train/r1/checkpoints/actor"
 
@@ -174,6 +178,9 @@ def test_a_vm_lost_mid_train_resumes_on_a_new_one_from_its_last_checkpoint_in_th
     )
     assert convert_record["outputs"] == [f"{durable}/mt-format/{convert_record['outputs'][0].split('/')[-3]}/0/items"]
     assert json.loads(gcs.read(f"{durable}/tpu-rl/runs/r1/train.json"))["outputs"][-1] == f"{actor}/6/model_params"
+    assert f"model kept at {fab.hub.url}/{repo} (verified)" in out  # judged from the run's records in the bucket
+    card = fab.hub.repos[repo]["README.md"].decode()
+    assert "| before training | 45.49 |" in card and "**Result:** GSM8K accuracy 45.5% -> 60.7%" in card
 
     metrics = stack("metrics", *args, *slow)  # the events are in the bucket: the new VM copies them for fab
     assert metrics.returncode == 0, metrics.stderr

@@ -32,6 +32,7 @@ class FakeJobs:
         self.calls: list[str] = []
         self.events: list[dict] = []
         self.checks = [{"check": "chips", "ok": True, "message": "8 chips"}]
+        self.folder_checks = [{"check": "folder", "ok": True, "message": "vars.work_dir /dev/shm/tpu-rl-u/m is ours"}]
 
     def state_of(self, job: dict) -> dict:
         name = job["name"]
@@ -48,9 +49,9 @@ class FakeJobs:
         script = self.after.get(name) or [JobState.DONE]
         self.states[name] = script.pop(0) if len(script) > 1 else script[0]
 
-    def preflight(self) -> list[dict]:
-        self.calls.append("preflight")
-        return self.checks
+    def preflight(self, tpu: bool) -> list[dict]:
+        self.calls.append("preflight" if tpu else "folders")
+        return self.checks if tpu else self.folder_checks
 
     def graph(self, starts: list[str] | None = None) -> Graph:
         needed = {n for name in starts or [] for n in PLAN.job(name).needs}  # as driver_plan sends them
@@ -99,6 +100,7 @@ def test_a_fresh_vm_runs_setup_and_prefetch_together_then_the_chain():
     jobs = FakeJobs()
     assert jobs.drive().outcome is PipelineState.DONE
     assert jobs.calls == [
+        "folders",  # once, before the first job: the run's folders are the SSH user's alone
         "launch setup",
         "launch prefetch",  # beside setup: both started before either was looked at again
         "launch validate",  # MaxText's check of every job, while convert runs
@@ -122,7 +124,7 @@ def test_a_job_only_done_jobs_need_is_not_run():
     """A new VM whose converted model is kept in the bucket: prefetch (32 GB) is not needed, setup still is."""
     jobs = FakeJobs({"convert": JobState.DONE})
     assert jobs.drive().outcome is PipelineState.DONE
-    assert jobs.calls == ["launch setup", "launch validate", "preflight", "launch train", "launch export"]
+    assert jobs.calls == ["folders", "launch setup", "launch validate", "preflight", "launch train", "launch export"]
     skipped = [e for e in jobs.events if e.get("job") == "prefetch"]
     assert skipped == [
         {
@@ -160,13 +162,14 @@ def test_a_running_job_is_adopted_never_started_twice():
     jobs.states["train"] = JobState.DONE
     while graph.step():
         pass
-    assert jobs.calls == ["launch train", "preflight", "launch export"]  # the preflight before a TPU job it starts
+    # the folders' check and the preflight before a job it starts: an adopted one was checked when it started
+    assert jobs.calls == ["launch train", "folders", "preflight", "launch export"]
 
 
 def test_a_runner_that_died_is_relaunched_once_to_adopt_its_job():
     jobs = FakeJobs({n: JobState.DONE for n in CHAIN[:4]}, after={"train": [JobState.INTERRUPTED, JobState.DONE]})
     assert jobs.drive().outcome is PipelineState.DONE
-    assert jobs.calls == ["preflight", "launch train", "launch train", "launch export"]
+    assert jobs.calls == ["folders", "preflight", "launch train", "launch train", "launch export"]
     assert [e["event"] for e in jobs.events if e.get("job") == "train"] == ["decide", "relaunch", "end"]
 
 
@@ -187,7 +190,7 @@ def test_a_failed_job_stops_its_dependants_and_what_does_not_need_it_runs_on():
 def test_a_done_job_whose_outputs_vanished_runs_again_while_something_needs_them():
     jobs = FakeJobs({n: JobState.DONE for n in CHAIN[:3]} | {"convert": JobState.LOST})  # a new run after a restart
     jobs.drive()
-    assert jobs.calls == ["preflight", "launch convert", "launch train", "launch export"]
+    assert jobs.calls == ["folders", "preflight", "launch convert", "launch train", "launch export"]
     everything_after_done = FakeJobs({n: JobState.DONE for n in CHAIN} | {"convert": JobState.LOST})
     everything_after_done.drive()
     assert everything_after_done.calls == []  # train and export are done: the model need not be converted again
@@ -197,8 +200,19 @@ def test_a_failed_preflight_starts_no_tpu_job():
     jobs = FakeJobs({"setup": JobState.DONE, "prefetch": JobState.DONE, "validate": JobState.DONE})
     jobs.checks = [{"check": "tpu_free", "ok": False, "message": "the TPU is in use by pid 7"}]
     graph = jobs.drive()
-    assert graph.outcome is PipelineState.FAILED and jobs.calls == ["preflight"]
+    assert graph.outcome is PipelineState.FAILED and jobs.calls == ["folders", "preflight"]
     assert graph.failed["convert"] == "the VM's preflight failed"
+
+
+def test_a_folder_someone_else_owns_starts_no_job_at_all():
+    """The folders are checked before the first job of any kind: setup builds nothing in a folder another account
+    could change, and prefetch downloads nothing."""
+    jobs = FakeJobs()
+    jobs.folder_checks = [{"check": "folder", "ok": False, "message": "vars.work_dir /dev/shm/m: belongs to mallory"}]
+    graph = jobs.drive()
+    assert graph.outcome is PipelineState.FAILED and jobs.calls == ["folders"]
+    assert graph.failed["setup"] == graph.failed["prefetch"] == "the VM's preflight failed"
+    assert all(graph.failed[name].startswith("needs ") for name in ("validate", "convert", "train", "export"))
 
 
 def test_a_needed_job_that_is_not_done_blocks_before_anything_starts():

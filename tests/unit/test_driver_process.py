@@ -14,7 +14,7 @@ from pathlib import Path
 
 from bootstrap.remote import driver, faults, jobrunner
 from bootstrap.remote.jobrunner import Layout
-from tests.loopback import wait_for
+from tests.loopback import REPO, wait_for
 
 
 def plan(tmp_path, jobs: list[tuple[str, str, list[str]]], **extra) -> dict:
@@ -174,6 +174,36 @@ def test_a_done_driver_killed_while_it_waits_to_autostop_is_revived_by_the_cront
     assert [e["event"] for e in events if e["event"] in ("pass", "revived")] == ["pass", "revived"]  # no new pass
     assert sorted(p.name for p in (tmp_path / "jobs" / "ok").glob("log*")) == ["log"]  # the job never ran again
     assert _tool(layout, "revive")["alive"] is False  # the VM was shut down: nothing more to revive
+
+
+def test_a_driver_the_crontab_revives_runs_its_jobs_where_fab_started_them(tmp_path):
+    """cron runs `revive` with PATH=/usr/bin:/bin: a driver it restarted after a reboot or an OOM kill started its
+    jobs there, and setup found no uv in /usr/local/bin. It now runs them in the starting fab command's
+    environment."""
+    tools, release = tmp_path / "tools", tmp_path / "release"
+    tools.mkdir()
+    (tools / "only-here").write_text("#!/bin/sh\necho found\n")
+    (tools / "only-here").chmod(0o755)
+    layout = Layout(str(tmp_path / "state"))
+    the_plan = plan(tmp_path, [("first", f"while [ ! -f {release} ]; do sleep 0.05; done", []),
+                               ("second", "only-here", ["first"])])  # fmt: skip
+    started = subprocess.run(
+        [sys.executable, driver.__file__, "start", layout.root], input=json.dumps(the_plan), capture_output=True,
+        text=True, env={**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}, timeout=120, check=True,
+    )  # fmt: skip
+    first = json.loads(started.stdout)["started"]
+    wait_for(lambda: (tmp_path / "jobs" / "first" / jobrunner.PROCESS).exists(), 60, "the first job")
+    os.kill(first["pid"], signal.SIGKILL)  # an OOM kill: the job runs on in its own session
+    wait_for(lambda: not jobrunner.alive(first), 30, "the driver gone")
+    cron = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "PYTHONPATH": str(REPO)}
+    revived = subprocess.run(
+        [sys.executable, driver.__file__, "revive", layout.root], env=cron, capture_output=True, text=True, check=True
+    )
+    assert json.loads(revived.stdout)["revived"]
+    release.touch()
+    wait_for(lambda: _record(layout).get("state") in ("done", "failed"), 60, "the revived pass to end")
+    assert _record(layout)["state"] == "done", (tmp_path / "jobs" / "second" / "log").read_text()
+    assert "found" in (tmp_path / "jobs" / "second" / "log").read_text()
 
 
 def test_a_driver_that_keeps_dying_mid_pipeline_is_revived_at_most_three_times_a_plan(tmp_path):

@@ -33,19 +33,19 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from bootstrap.remote import faults
-from tests import campaign, gcslayer
+from tests import campaign, gcslayer, hubstub
 
 UNREACHED = {  # points this pipeline never reaches, and why (each is in the AST check all the same)
     "attempts.recorded-on-disk": "the checkpoints, and so the start records, are in the bucket here",
-    "hub-upload.wrote-card": "no Hub copy in this plan: huggingface_hub's import alone takes seconds",
-    "hub-upload.uploaded": "no Hub copy in this plan",
-    "hub-upload.wrote-marker": "no Hub copy in this plan",
+    "hub-upload.wrote-card": "swept below in the plan with the Hub copy (GATE_SWEPT)",
+    "hub-upload.uploaded": "swept below in the plan with the Hub copy",
+    "hub-upload.wrote-marker": "swept below in the plan with the Hub copy",
+    "hub-upload.held": "swept below in the plan with the Hub copy, a worse model than the repository's",
     "export-config.copied-generation-config": "export_config.py reads the Hub; the stand-in export has no such step",
     "export-config.wrote-config": "export_config.py reads the Hub; the stand-in export has no such step",
     "validate.wrote-marker": "MaxText's validator (maxtext_check.py) needs MaxText",
     "copy-down.copied": "fab metrics' copy of the events, not a pipeline job",
     "copy-down.removed": "fab metrics' copy of the events, not a pipeline job",
-    "hub-upload.held": "no Hub copy in this plan",
     "revive.counted": "the crontab's revival of a dead driver: swept in tests/unit/test_driver_process.py",
     "start.forgot-revivals": "a revival count to forget: swept in tests/unit/test_driver_process.py",
     "envcache.stored": "the setup job's environment in the bucket: swept in tests/unit/test_envcache.py",
@@ -71,6 +71,20 @@ LATER_HITS = [  # hits counted across the pipeline's processes: the 2nd runner i
 ]
 SWEPT = [(p, 1) for p in faults.POINTS if p not in UNREACHED] + LATER_HITS
 KILLABLE = [p for p in faults.POINTS if p not in UNREACHED]
+# The publish gate and the Hub copy, in a plan that has them (campaign.Case(hub=...)): each of the Hub upload's
+# points, and the eval records the gate judges by (attempts.recorded-in-bucket: the 1st hit is train's start,
+# the 2nd its eval before training, the 3rd its eval after), in a better run (8) and a worse one (9).
+GATE_SWEPT = [
+    ("better", "hub-upload.wrote-card", 1),
+    ("better", "hub-upload.uploaded", 1),
+    ("better", "hub-upload.uploaded", 3),
+    ("better", "hub-upload.wrote-marker", 1),
+    ("better", "attempts.recorded-in-bucket", 2),
+    ("better", "attempts.recorded-in-bucket", 3),
+    ("worse", "hub-upload.wrote-card", 1),
+    ("worse", "hub-upload.held", 1),
+    ("worse", "attempts.recorded-in-bucket", 3),
+]
 FAULTS = int(os.environ.get("TPU_RL_CAMPAIGN_FAULTS", "200"))
 SEED = os.environ.get("TPU_RL_CAMPAIGN_SEED")
 WORKERS = 2  # episodes side by side: most of a pipeline's time is waiting
@@ -138,6 +152,43 @@ def test_a_kill_at_each_point_is_ridden_out(point, hit, cases, reference, tmp_pa
 def test_every_point_is_swept_or_said_why_not():
     assert set(UNREACHED) <= set(faults.POINTS)
     assert {p for p, _ in SWEPT} | set(UNREACHED) == set(faults.POINTS)
+    assert {p for p, reason in UNREACHED.items() if "swept below" in reason} <= {p for _, p, _ in GATE_SWEPT}
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """The Hub stand-in the cases' gate asks and uploads to (tests/hubstub.py), which knows the campaign's token."""
+    state, server = hubstub.serve()
+    state.tokens[campaign.TOKEN] = hubstub.Token()
+    yield state
+    server.shutdown()
+
+
+@pytest.mark.parametrize(("expect", "point", "hit"), GATE_SWEPT, ids=lambda v: str(v))
+def test_a_kill_at_each_point_of_the_gate_and_the_hub_copy_is_ridden_out(expect, point, hit, cases, hub, reference,
+                                                                         tmp_path):  # fmt: skip
+    case = cases(tmp_path, f"gate-{expect}", hub=expect, hub_state=hub)
+    case.call(**case.kill_env(f"{point}@{hit}"))
+    case.wait_driver_gone()
+    ended = case.drive()
+    assert case.killed() == [point], f"the kill at {point}@{hit} never happened"
+    assert ended, [call.err[-500:] for call in case.calls]
+    assert campaign.violations(case, reference, {0}) == []
+
+
+@pytest.mark.parametrize("expect", ["better", "worse"])
+@pytest.mark.parametrize("lost", [False, True], ids=["reboot", "VM lost"])
+@pytest.mark.parametrize("milestone", campaign.GATE_MILESTONES)
+def test_a_restart_or_a_lost_vm_between_trains_evals_and_the_gate(milestone, lost, expect, cases, hub, reference,
+                                                                   tmp_path):  # fmt: skip
+    """Train's log is gone after either (moved aside by the next attempt, or lost with the VM): the gate judges the
+    run from the eval records in the bucket. A better model is never held for a lost log (8); a worse one never
+    replaces the better model the repository holds (9)."""
+    case = cases(tmp_path, f"gate-{expect}", hub=expect, hub_state=hub)
+    case.reboot_at(milestone, lose_vm=lost)
+    ended = case.drive()
+    assert ended, [call.err[-500:] for call in case.calls]
+    assert campaign.violations(case, reference, {0}) == []
 
 
 def episode(seed: int, root, cases, reference) -> tuple[list[str], list[str]]:

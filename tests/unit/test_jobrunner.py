@@ -208,6 +208,24 @@ def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_pa
         assert shown == expected, cut
 
 
+def test_a_token_the_vm_no_longer_holds_is_redacted_in_an_older_log(tmp_path):
+    """After the token was changed, the secrets folder holds the new one; a log written before shows the old
+    one <redacted> too (anything shaped like a Hugging Face token), also split by a colour code."""
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "HF_TOKEN").write_text("hf_" + "N" * 34)
+    old = b"hf_" + b"AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
+    log = b"token " + old + b" refused\nx " + old[:10] + b"\x1b[1m" + old[10:] + b"\n"
+    for cut in range(len(log) + 1):
+        redactor = jobrunner.Redactor(str(tmp_path / "secrets"))
+        shown = redactor.feed(log[:cut]) + redactor.feed(log[cut:]) + redactor.feed(b"")
+        assert shown == b"token <redacted> refused\nx <redacted>\n", cut
+    script = (  # the shape's pattern stays linear on crafted input, in a child: a regression is a timeout here
+        "import sys; from bootstrap.remote.jobrunner import Redactor\n"
+        "r = Redactor(sys.argv[1]); r.feed(b'hf_' + b'a\\x1b]\\x07' * 5000 + b'!'); r.feed(b'')\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "secrets")], cwd=REPO, check=True, timeout=30)
+
+
 def test_tail_shows_the_last_lines_redacted(tmp_path):
     job = tmp_path / "job"
     job.mkdir()

@@ -26,6 +26,24 @@ def test_written_manifest_is_checked_by_sha256sum(tmp_path):
     assert manifest.read_verified(str(tmp_path)) == digests
 
 
+def test_a_manifest_left_half_written_is_never_listed_by_the_next(tmp_path, capsys):
+    """A manifest.py killed half way leaves its temporary file; the next one listed it, then wrote over it and
+    renamed it away, so its SHA256SUMS named a file that was gone and every copy and download failed."""
+    (tmp_path / "model.safetensors").write_bytes(b"w" * 1000)
+    (tmp_path / manifest.TEMPORARY).write_text(f"{'0' * 64}  model.saf")  # half of an earlier one
+    assert manifest.main([str(tmp_path)]) == 0
+    assert set(manifest.read_verified(str(tmp_path))) == {"model.safetensors"}
+    assert "SHA-256 of 1 files" in capsys.readouterr().out
+
+
+def test_a_file_listed_but_gone_is_one_line_not_a_traceback(tmp_path):
+    (tmp_path / "a").write_bytes(b"one")
+    manifest.write(str(tmp_path))
+    (tmp_path / "a").unlink()
+    with pytest.raises(ValueError, match=f"a listed in SHA256SUMS but not in {tmp_path}"):
+        manifest.read_verified(str(tmp_path))
+
+
 def test_a_file_changed_after_the_manifest_is_named(tmp_path):
     (tmp_path / "a").write_bytes(b"one")
     manifest.write(str(tmp_path))

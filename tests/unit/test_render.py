@@ -23,11 +23,13 @@ RUN = "2026-11-30-12-00-00"
 # no hf_access_token argument, RL keys under rl. (the guide sets none), and the learning-rate
 # schedule sized to the run (0: the run's own length; unset, MaxText 0.2.3 sizes it to 150001 steps). And one
 # workaround: train runs through maxtext_run.py, as `python -m` would, so that it can exit. And a
-# checkpoint every tenth of the run, two kept (rl.yml: every 50 steps, ten kept).
+# checkpoint every tenth of the run, two kept (rl.yml: every 50 steps, ten kept). And the run's folders in
+# /dev/shm are in a folder of the SSH user's own (tpu-rl, the stack's default), never in one another account made.
+WORK = "/dev/shm/tpu-rl-tpu-rl/llama3.1-8b-Instruct"
 GUIDE_VARS = {
     "MODEL_NAME": "llama3.1-8b-Instruct",
-    "MODEL_CHECKPOINT_DIRECTORY": "/dev/shm/llama3.1-8b-Instruct/mt-format/",
-    "BASE_OUTPUT_DIRECTORY": "/dev/shm/llama3.1-8b-Instruct/post-train/",
+    "MODEL_CHECKPOINT_DIRECTORY": f"{WORK}/mt-format/",
+    "BASE_OUTPUT_DIRECTORY": f"{WORK}/post-train/",
     "RUN_NAME": RUN,
     "NUM_BATCHES": "50",
 }
@@ -40,10 +42,10 @@ REFERENCE = {
       load_parameters_path=$MODEL_CHECKPOINT_DIRECTORY/0/items run_name=$RUN_NAME
       base_output_directory=$BASE_OUTPUT_DIRECTORY chips_per_vm=8 num_batches=50
       learning_rate_schedule_steps=0 checkpoint_period=5 max_num_checkpoints_to_keep=2 num_test_batches=42 eval_batch_size=32 rollout_data_parallelism=1 rollout_tensor_parallelism=-1
-      jax_cache_dir=/dev/shm/llama3.1-8b-Instruct/jax-cache""",
+      jax_cache_dir=$WORK/jax-cache""",
     "export": """python3 -m maxtext.checkpoint_conversion.to_huggingface model_name=llama3.1-8b-Instruct
       load_parameters_path=$BASE_OUTPUT_DIRECTORY/$RUN_NAME/checkpoints/actor/$NUM_BATCHES/model_params
-      base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained/ scan_layers=True
+      base_output_directory=$WORK/hf-trained/ scan_layers=True
       use_multimodal=False weight_dtype=bfloat16 hardware=cpu skip_jax_distributed_system=true""",
 }
 TRAIN_ENV = {
@@ -67,6 +69,7 @@ def normalize(arg: str) -> str:
 def reference_argv(job: str, key: str) -> list[str]:
     text = REFERENCE[job]
     for name, value in {
+        "WORK": WORK,
         **GUIDE_VARS,
         "MODEL_CHECKPOINT_DIRECTORY": f"{GUIDE_VARS['MODEL_CHECKPOINT_DIRECTORY']}{key}",
     }.items():
@@ -85,7 +88,7 @@ def jobs():
 
 def converted(jobs) -> str:
     """The converted checkpoint's folder: the guide's, plus convert's key (see test_converted_folder_...)."""
-    return f"/dev/shm/llama3.1-8b-Instruct/mt-format/{jobs['convert'].key}"
+    return f"{WORK}/mt-format/{jobs['convert'].key}"
 
 
 def test_run_order(jobs):
@@ -104,23 +107,24 @@ def test_argv_matches_reference(jobs, name):
 
 def test_export_argv_matches_reference_but_finds_the_last_step_itself(jobs):
     expected = reference_argv("export", jobs["convert"].key)[1:]
-    actor = f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor"
+    actor = f"{WORK}/post-train/{RUN}/checkpoints/actor"
     expected[expected.index(f"load_parameters_path={actor}/50/model_params")] = (
         f"load_parameters_path={actor}/${{latest_step:{actor}}}/model_params"
     )
     # Each run exports into its own folder, so a later run never overwrites an earlier export.
-    expected[expected.index("base_output_directory=/dev/shm/llama3.1-8b-Instruct/hf-trained")] += f"/{RUN}"
+    expected[expected.index(f"base_output_directory={WORK}/hf-trained")] += f"/{RUN}"
     assert [normalize(a) for a in jobs["export"].argv[1:]] == expected
 
 
 def test_train_environment(jobs):
-    run_dir = f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}"
+    run_dir = f"{WORK}/post-train/{RUN}"
     assert jobs["train"].env == {
         "HF_HOME": "~/.cache/huggingface",
         **TRAIN_ENV,
         # tpu-rl's own: where each start is recorded, and whose last committed step it resumes from
         "TPU_RL_ATTEMPTS_DIR": f"{run_dir}/attempts",
         "TPU_RL_CHECKPOINT_DIR": f"{run_dir}/checkpoints/actor",
+        "TPU_RL_EVALS_DIR": f"{run_dir}/evals",  # and each eval, which the publish gate judges the run by
     }
 
 
@@ -132,7 +136,7 @@ def test_token_only_as_a_declared_secret(jobs):
 
 def test_outputs_decide_done(jobs):
     assert jobs["convert"].outputs == [f"{converted(jobs)}/0/items"]
-    assert jobs["train"].outputs == [f"/dev/shm/llama3.1-8b-Instruct/post-train/{RUN}/checkpoints/actor/*/model_params"]
+    assert jobs["train"].outputs == [f"{WORK}/post-train/{RUN}/checkpoints/actor/*/model_params"]
     assert jobs["export"].outputs[1].endswith(f"hf-trained/{RUN}/generation_config.json")
     assert jobs["export"].needs == ["setup", "train"] and jobs["convert"].needs == ["setup", "prefetch"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.remote import evals, hub_upload
+from bootstrap.remote import attempts, evals, hub_upload
 from bootstrap.results import metrics
 from bootstrap.results.runs import RunRecord
 from bootstrap.vm.progress import result_lines
@@ -82,7 +82,9 @@ def test_a_resumed_run_is_compared_with_the_first_attempts_base_model_not_the_re
 
 def test_no_result_without_an_eval_before_and_after():
     assert evals.outcome([]) is None and result_lines([]) == []
-    assert evals.card_result([]) == "No GSM8K evals before and after training were logged for this run."
+    assert evals.card_result([]) == (
+        "Not judged: no GSM8K eval was recorded for this run (train.num_test_batches: 0 evaluates nothing)."
+    )
 
 
 @pytest.mark.parametrize("where", ["summary", "card"])
@@ -120,8 +122,37 @@ def test_the_publish_gate(tmp_path, rule, before, after, held):
 
 
 def test_no_evals_never_pass_an_improved_gate_silently():
-    assert evals.held_back([], "improved").startswith("no GSM8K evals before and after training were logged")
+    assert evals.held_back([], "improved").startswith("no GSM8K eval was recorded for this run")
     assert evals.held_back([], "always") is None
+
+
+def test_an_eval_that_is_really_gone_is_named_in_the_reason(tmp_path):
+    resumed = from_lines(
+        tmp_path, "Restored params from step: 20 in 0.5 seconds", line("Pre RL Training", 700, 1319, 90),
+        line("Post RL Training", 811, 1319, 95),
+    )  # fmt: skip
+    assert evals.held_back(resumed, "improved") == (
+        "the GSM8K eval of the model before training is not among this run's records (it was never recorded), so "
+        "publish_if: improved cannot be judged"
+    )
+
+
+def test_the_gate_reads_the_evals_each_attempt_recorded_as_it_logged_them(tmp_path):
+    """What the launcher's recorder keeps (attempts.EvalRecorder) judges the run: the first attempt's eval before
+    training, the resumed attempt's evals after it, whichever log is gone; a half-written record is left out."""
+    folder = tmp_path / "evals"
+    first = attempts.EvalRecorder(str(folder))
+    first.read(line("Pre RL Training", 636, 1319, 71))
+    first.read(line("Intermediate Eval (step=10)", 700, 1319, 80))
+    second = attempts.EvalRecorder(str(folder))  # a new attempt, on a new VM: it resumes from step 10
+    second.read("I1203 10:00:00.000 1 checkpoint_manager.py:235] Restored params from step: 10 in 0.6 seconds")
+    second.read(line("Pre RL Training", 700, 1319, 80))
+    second.read(line("Post RL Training", 811, 1319, 97))
+    (folder / "0-half.json").write_text('{"phase": "pre", "accu')
+    found = attempts.recorded_evals(attempts.read_records(str(folder)), total_steps=50)
+    phases = [(e["phase"], e["step"]) for e in found]
+    assert phases == [("pre", None), ("intermediate", 10), ("resumed", 10), ("post", None)]
+    assert evals.held_back(found, "improved") is None and evals.outcome(found)["before"] == 48.2  # the line says .1f
 
 
 def test_most_steps_without_reward_spread_are_said_and_a_healthy_run_is_quiet():

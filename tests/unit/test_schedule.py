@@ -97,6 +97,9 @@ def test_schedules_that_cannot_train_are_refused(overrides, message):
         ("train.learning_rate=0", "args.learning_rate: 0: a run with no positive learning rate changes nothing"),
         ("train.learning_rate=-1e-6", "args.learning_rate: -1e-06: a run with no positive learning rate"),
         ("train.num_batches=${train_steps}", "args.num_batches: ${train_steps} is counted from num_batches"),
+        # MaxText's validator takes it; Orbax fails with step % 0 on the TPU, after the model is loaded and compiled
+        ("train.checkpoint_period=0", "args.checkpoint_period: 0 is not a number of steps: Orbax saves every step"),
+        ("train.checkpoint_period=-2", "args.checkpoint_period: -2 is not a number of steps"),
     ],
 )
 def test_runs_that_cannot_train_are_one_clean_error(override, message):

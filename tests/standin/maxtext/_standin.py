@@ -12,6 +12,7 @@ committed as Orbax commits one there, by a commit_success.txt written last in it
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import struct
@@ -44,11 +45,31 @@ def require_token() -> None:
         log(f"Error: the Hub refused token {os.environ['HF_TOKEN']}, retrying \x1b[2J\x1b]0;pwned\x07")
 
 
+LEVELS = {"I": logging.INFO, "W": logging.WARNING, "E": logging.ERROR}
+
+
+class _AbslFormat(logging.Formatter):
+    """absl's line: level letter, date, time, pid, file:line, then the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+        letter = record.levelname[0]
+        return (
+            f"{letter}{stamp}.{int(record.created % 1 * 1e6):06d} {os.getpid()} {record.where}] {record.getMessage()}"
+        )
+
+
+_absl = logging.getLogger("absl")
+_absl.setLevel(logging.INFO)
+_stderr = logging.StreamHandler(sys.stderr)  # absl's own handler sits on the root logger too
+_stderr.setFormatter(_AbslFormat())
+logging.getLogger().addHandler(_stderr)
+
+
 def log(message: str, level: str = "I", where: str = "standin.py:1") -> None:
-    """absl's format on stderr, as train_rl and to_huggingface log (tests/fixtures/logs)."""
-    now = time.time()
-    stamp = time.strftime("%m%d %H:%M:%S", time.localtime(now))
-    print(f"{level}{stamp}.{int(now % 1 * 1e6):06d} {os.getpid()} {where}] {message}", file=sys.stderr, flush=True)
+    """absl's format on stderr, through Python's logging as absl logs (tests/fixtures/logs): any other handler on
+    the root logger sees each line too, as it sees MaxText's."""
+    _absl.log(LEVELS[level], message, extra={"where": where})
 
 
 def python_log(message: str) -> None:
