@@ -14,6 +14,8 @@ import pulumi
 from infra import settings as stack_settings
 
 settings = stack_settings.from_pulumi()
+if not settings.gke:
+    stack_settings.check_jobs(settings)  # the machine type holds the job files' run: refused before anything is made
 pulumi.export("backend", "gke" if settings.gke else "vm")
 pulumi.export("zone", settings.zone)
 pulumi.export("project", settings.gcp_project)
@@ -43,5 +45,6 @@ else:
     pulumi.export("hosts", vm.external_ip.apply(lambda ip: [ip]))
     pulumi.export("ssh_user", settings.ssh_user)
     pulumi.export("provisioning_model", settings.provisioning_model)  # fab's autostop default depends on it
+    pulumi.export("machine_type", settings.machine_type)  # fab's vm.accelerator auto: the chips and their slice
     pulumi.export("bucket", vm.bucket.name if vm.bucket is not None else None)
     pulumi.export("ssh_command", vm.external_ip.apply(lambda ip: f"ssh {settings.ssh_user}@{ip}"))

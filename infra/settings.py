@@ -420,3 +420,23 @@ def from_pulumi() -> Settings:
     """Read every key of the stack's config, a misspelt tpu-rl: key included (to refuse it, not ignore it)."""
     keys = [*KEYS, *(k for k in pulumi.runtime.config.CONFIG.get() if k.startswith(f"{PROJECT}:") and k not in KEYS)]
     return read({key: pulumi.Config(key.split(":")[0]).get(key.split(":", 1)[1]) for key in keys})
+
+
+def check_jobs(checked: Settings) -> None:
+    """The job files against the stack's VM, before anything is made: its machine type must hold their run, and a
+    vm.accelerator they pin must be that machine (bootstrap/jobs/accelerator.py). fab reports the job files' other
+    problems; only these belong to the stack."""
+    from bootstrap.errors import UserError  # the job files' own reader, which fab checks them with
+    from bootstrap.jobs import load
+    from bootstrap.paths import jobs_dir
+
+    try:
+        load.resolve(load.read(jobs_dir()), [], machine_type=checked.machine_type)
+    except UserError as err:
+        for problem in (p for p in err.problems if p.key == "vm.accelerator"):
+            fail(
+                f"{PROJECT}:machineType",
+                f"{checked.machine_type} does not fit the job files ({problem.source}: vm.accelerator: "
+                f"{problem.message})",
+                "Change one of them",
+            )

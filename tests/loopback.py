@@ -187,7 +187,7 @@ def write_test_jobs(directory: Path, tmp: Path, packages: list[str], venv: Path 
         state_dir=str(tmp / "state"),
         startup_marker=str(tmp / "startup.done"),
         startup_log=str(tmp / "startup.log"),
-        chips=0,
+        accelerator="cpu",
         min_memory_gb=0,
         min_shm_gb=0,
         shm_path=str(tmp),

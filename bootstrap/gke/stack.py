@@ -34,12 +34,16 @@ def stack_config(stack: str) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}
 
 
-def slice_of(stack: str, spec: PipelineSpec) -> Slice | None:
-    """The gke stack's slice, or None for the vm backend; config mistakes are the program's own errors."""
+def read(stack: str) -> settings.Settings:
+    """The stack's settings, checked as the Pulumi program checks them (its own errors, in one line)."""
     try:
-        checked = settings.read(stack_config(stack))
+        return settings.read(stack_config(stack))
     except settings.ConfigError as err:
         raise UserError(f"Pulumi.{stack}.yaml: {err}") from None
+
+
+def slice_of(checked: settings.Settings, spec: PipelineSpec) -> Slice | None:
+    """The gke stack's slice, or None for the vm backend."""
     if checked.gke is None:
         return None
     return target_of({"bucket": checked.results_bucket, "topology": checked.gke.topology}, spec)

@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from ..errors import Problem, UserError
 from ..remote.jobrunner import Layout
-from . import schedule, schema, yamlfile
+from . import accelerator, schedule, schema, yamlfile
+from .accelerator import Accelerator
 from .spec import JOB_NAME, JobSpec, PipelineSpec
 
 PIPELINE_FILE = "pipeline.yaml"
@@ -80,6 +81,7 @@ class Pipeline:
     jobs: dict[str, Job]  # in run order
     values: dict[str, str] = field(default_factory=dict)  # the shared vars, resolved
     maxtext: schema.MaxText = field(default_factory=schema.load)  # the version environment.packages installs
+    accelerator: Accelerator = field(default_factory=lambda: accelerator.derive(accelerator.AUTO, None, None, None)[0])
 
 
 @dataclass
@@ -274,8 +276,11 @@ def read(directory: Path) -> JobFiles:
     return JobFiles(directory, pipeline_doc, job_docs, tuple(problems))
 
 
-def resolve(files: JobFiles, overrides: list[str] = (), provided: dict[str, str] | None = None) -> Pipeline:
-    """The checked pipeline for these overrides and provided values; raise UserError listing every problem."""
+def resolve(
+    files: JobFiles, overrides: list[str] = (), provided: dict[str, str] | None = None, machine_type: str | None = None
+) -> Pipeline:
+    """The checked pipeline for these overrides and provided values, on a stack of `machine_type` (None: no stack
+    read, vm.accelerator auto is the default's); raise UserError listing every problem."""
     problems = list(files.problems)
     pipeline_doc = copy.deepcopy(files.pipeline)
     job_docs = copy.deepcopy(files.jobs)
@@ -289,13 +294,22 @@ def resolve(files: JobFiles, overrides: list[str] = (), provided: dict[str, str]
     if spec is None:
         raise UserError(problems)
     maxtext = _maxtext(spec, pipeline_doc, problems)
-    values = _resolve_vars(pipeline_doc, {**provided_values(spec), **(provided or {})}, problems)
+    chips, why = accelerator.derive(spec.vm.accelerator, spec.vm.chips, spec.vm.chip_kind, machine_type)
+    if why:
+        problems.append(pipeline_doc.origin("vm", "accelerator").problem("vm.accelerator", why))
+    values = _resolve_vars(pipeline_doc, {**provided_values(spec, chips), **(provided or {})}, problems)
     for job in jobs.values():
         _resolve_job(job, values, spec.jobs, maxtext, problems)
+        if (
+            job.spec.tpu
+            and job.spec.module
+            and (why := accelerator.fit_problem(chips, maxtext, job.spec.module, job.spec.args))
+        ):
+            problems.append(pipeline_doc.origin("vm", "accelerator").problem("vm.accelerator", why))
     ordered = _order(jobs, spec.jobs, problems)
     if problems:
         raise UserError(problems)
-    return Pipeline(files.directory, spec, pipeline_doc, ordered, values, maxtext)
+    return Pipeline(files.directory, spec, pipeline_doc, ordered, values, maxtext, chips)
 
 
 def _maxtext(spec: PipelineSpec, doc: Loaded, problems: list[Problem]) -> schema.MaxText:
@@ -310,12 +324,13 @@ def _maxtext(spec: PipelineSpec, doc: Loaded, problems: list[Problem]) -> schema
 DEFAULT_USER = "tpu-rl"  # the stack's SSH user unless tpu-rl:sshUser says otherwise (Pulumi.yaml)
 
 
-def provided_values(spec: PipelineSpec) -> dict[str, str]:
+def provided_values(spec: PipelineSpec, chips: Accelerator | None = None) -> dict[str, str]:
     """Values fab provides to the job files; run_name is <run_name> until a run is chosen, user the SSH user
-    (the stack's default until the connection names it)."""
+    (the stack's default until the connection names it), chips vm.accelerator's."""
     return {
         "run_name": "<run_name>",
         "user": DEFAULT_USER,
+        "chips": str(chips.chips if chips and chips.chips else 1),  # cpu: JAX's one CPU device (chips_per_vm > 0)
         "venv": spec.environment.venv,
         "python": spec.environment.python_path,
         "tools": Layout(spec.vm.state_dir).bin,
@@ -403,7 +418,7 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 description=spec.description,
                 module=spec.module,
                 argv=argv,
-                env=dict(spec.env),
+                env={**(pipeline.accelerator.env if spec.tpu else {}), **spec.env},
                 secrets=list(spec.secrets),
                 cwd="~",
                 needs=([SETUP] if spec.module else []) + list(spec.needs),

@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..remote import envcheck, gcs
 from ..remote.jobrunner import Layout
 from . import check, environment, schedule
+from .accelerator import Accelerator
 from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, provided_values, render, resolve
 from .spec import PipelineSpec
 
@@ -77,6 +78,7 @@ class Plan:
     # every folder on the VM the jobs read or write, by the setting that names it: the VM checks that each is
     # the SSH user's alone before any job starts (remote/folders.py)
     folders: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    accelerator: Accelerator | None = None  # what the jobs run on (vm.accelerator, the stack's machine type)
 
     def job(self, name: str) -> PlannedJob:
         for job in self.jobs:
@@ -139,11 +141,13 @@ def validation_args(jobs: list[RenderedJob]) -> list[str]:
     return words
 
 
-def expected_environment(spec: PipelineSpec) -> envcheck.Expected:
-    """What the environment check proves: the chips JAX must see, the packages, the accepted conflicts."""
+def expected_environment(spec: PipelineSpec, chips: Accelerator) -> envcheck.Expected:
+    """What the environment check proves: the chips JAX must see (vm.accelerator's, with the TPU_ variables the TPU
+    jobs get, for its message when libtpu cannot start with them), the packages, the accepted conflicts."""
     env = spec.environment
     accepted = {c.conflict: c.why for c in env.accepted_conflicts}
-    return envcheck.Expected(spec.vm.chips, spec.vm.chip_kind, dict(env.check_packages), accepted)
+    named = f"vm.accelerator {chips.name}" + (f" ({chips.source})" if chips.source != "vm.accelerator" else "")
+    return envcheck.Expected(chips.chips, chips.device_kind, dict(env.check_packages), accepted, named, dict(chips.env))
 
 
 def _accelerator_env(jobs: list[RenderedJob]) -> dict[str, str]:
@@ -158,14 +162,14 @@ def _accelerator_env(jobs: list[RenderedJob]) -> dict[str, str]:
     }
 
 
-def _validate_job(spec: PipelineSpec, layout: Layout, jobs: list[RenderedJob]) -> PlannedJob:
+def _validate_job(spec: PipelineSpec, chips: Accelerator, layout: Layout, jobs: list[RenderedJob]) -> PlannedJob:
     """MaxText's own validator on every job at once, and the environment proven (envcheck.py), as soon as the
     environment exists: a rejected argument of export or a missing vLLM fails in seconds, before train spends
     anything. Keyed by the environment too: a rebuilt one is proven again."""
     words = validation_args(jobs) if spec.vm.validate_args else []
     env = {}
     if spec.vm.check_environment:
-        words = ["--environment", expected_environment(spec).to_json(), *words]
+        words = ["--environment", expected_environment(spec, chips).to_json(), *words]
         env = _accelerator_env(jobs)
     key = json.dumps([environment.digest(spec.environment), env, words])
     job_dir = layout.shared(VALIDATE, hashlib.sha256(key.encode()).hexdigest()[:12])
@@ -228,12 +232,20 @@ def folders(spec: PipelineSpec, values: dict[str, str], layout: Layout, jobs: li
     return found
 
 
-def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN, user: str | None = None) -> Plan:
+def build(
+    files: JobFiles,
+    overrides: list[str],
+    run_name: str = PLACEHOLDER_RUN,
+    user: str | None = None,
+    machine_type: str | None = None,
+) -> Plan:
     """Render every job for `run_name` and place it: in the run's folder, or shared by all runs. `user`: the SSH
-    user (its own folder in /dev/shm), the stack's default when not known yet."""
+    user (its own folder in /dev/shm), the stack's default when not known yet; `machine_type`: the stack's
+    (vm.accelerator auto), None when no stack was read."""
     provided = {"user": user} if user else {}
-    pipeline = resolve(files, overrides, {**provided, "run_name": run_name})
-    other = {job.name: job for job in render(resolve(files, overrides, {**provided, "run_name": _OTHER_RUN}))}
+    pipeline = resolve(files, overrides, {**provided, "run_name": run_name}, machine_type)
+    other = render(resolve(files, overrides, {**provided, "run_name": _OTHER_RUN}, machine_type))
+    other = {job.name: job for job in other}
     spec = pipeline.spec
     layout = Layout(spec.vm.state_dir)
     durable = pipeline.values.get(DURABLE_DIR, "")
@@ -260,7 +272,7 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         lr = schedule.of(pipeline.maxtext, job.module, pipeline.jobs[job.name].spec.args)
         planned.append(PlannedJob(job.name, job_dir, runner, needs, shared, job, lr_schedule=lr))
     if validates(spec):
-        planned.insert(1, _validate_job(spec, layout, [job.rendered for job in planned[1:]]))
+        planned.insert(1, _validate_job(spec, pipeline.accelerator, layout, [job.rendered for job in planned[1:]]))
     rendered = [job.rendered for job in planned if job.rendered is not None]
     return Plan(
         run_name,
@@ -271,4 +283,5 @@ def build(files: JobFiles, overrides: list[str], run_name: str = PLACEHOLDER_RUN
         durable,
         pipeline.maxtext.version,
         MappingProxyType(folders(spec, pipeline.values, layout, rendered)),
+        pipeline.accelerator,
     )

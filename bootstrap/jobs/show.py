@@ -57,7 +57,16 @@ def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
         "maxtext": plan.maxtext_version,
         "new_vm": environment_source(plan),
     }
-    return {"run": _run_info(plan, record), "state_dir": plan.layout.root, "environment": setup, "jobs": jobs}
+    chips = plan.accelerator
+    accelerator = {"name": chips.name, "chips": chips.chips, "device_kind": chips.device_kind,
+                   "machine_type": chips.machine_type, "source": chips.source, "env": dict(chips.env)}  # fmt: skip
+    return {
+        "run": _run_info(plan, record),
+        "state_dir": plan.layout.root,
+        "accelerator": accelerator,
+        "environment": setup,
+        "jobs": jobs,
+    }
 
 
 def environment_source(plan: Plan) -> str:
@@ -77,7 +86,7 @@ def _validate_lines(plan: Plan) -> list[str]:
     if vm.validate_args:
         lines.append("   validate: then MaxText's own validator on every job's arguments, before train starts")
     if vm.check_environment:
-        expected = expected_environment(plan.spec)
+        expected = expected_environment(plan.spec, plan.accelerator)
         chips = f"{expected.chips} TPU chips ({expected.chip_kind})" if expected.chips else "CPU only"
         packages = ", ".join(
             f"{n} ({v if v != 'maxtext' else 'as MaxText pins it'})" for n, v in expected.packages.items()
@@ -92,7 +101,7 @@ def _validate_lines(plan: Plan) -> list[str]:
 
 def plan_text(plan: Plan, record: RunRecord | None) -> str:
     info = _run_info(plan, record)
-    lines = [f"run: {info['name'] or '<new>'} ({info['note']})"]
+    lines = [f"run: {info['name'] or '<new>'} ({info['note']})", f"chips: {plan.accelerator.line()}"]
     if info.get("last_seen"):
         lines.append("last seen: " + ", ".join(f"{j} {s}" for j, s in info["last_seen"].items()))
     venv = plan.spec.environment.venv_path

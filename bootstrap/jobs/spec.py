@@ -55,6 +55,7 @@ class JobSpec(Strict):
     inputs: list[str] = []
     outputs: list[str] = Field(min_length=1)  # globs; all must match for the job to count as done
     progress: ProgressSpec | None = None
+    tpu: bool = False  # runs on the TPU: fab gives it libtpu's TPU_ variables for vm.accelerator's slice
 
     @model_validator(mode="after")
     def _module_or_command(self) -> JobSpec:
@@ -112,8 +113,11 @@ class VmSpec(Strict):
     state_dir: Folder = "tpu-rl"
     startup_marker: Folder = "/var/lib/tpu-rl/startup.done"
     startup_log: Folder = "/var/log/tpu-rl-startup.log"
-    chips: int = Field(8, ge=0, le=256)  # 0: no TPU, JAX runs on CPU (the test tiers)
-    chip_kind: str = "TPU v6 lite"  # JAX's device_kind of the chips (v6e's, as MaxText's max_utils names it)
+    # What the jobs run on, one setting (jobs/accelerator.py): auto (the stack's tpu-rl:machineType), v6e-1, v6e-4,
+    # v6e-8, host (a -H host's own TPU environment: then chips and chip_kind say what JAX must see), or cpu (no TPU).
+    accelerator: str = Field("auto", pattern=r"^(auto|host|cpu|v6e-(1|4|8))$")
+    chips: int | None = Field(None, ge=1, le=256)  # with accelerator: host, the chips JAX must see
+    chip_kind: str | None = Field(None, min_length=1, max_length=64)  # with host, their device_kind ("TPU v5 lite")
     chip_glob: str = "/dev/vfio/[0-9]*"
     min_memory_gb: Gigabytes = 0
     min_shm_gb: Gigabytes = 0

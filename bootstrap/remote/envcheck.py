@@ -30,16 +30,19 @@ ERROR_MARK = "ENVIRONMENT ERROR:"
 MAXTEXT_PINS = "dependencies/extra_deps/post_train_github_deps.txt"
 FROM_MAXTEXT = "maxtext"  # a package's expected version: MaxText's pin in MAXTEXT_PINS
 UV_CONFLICT = re.compile(r"^The package `[^`]+` ")
+SLICE_VARIABLES = ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_CHIPS_PER_HOST_BOUNDS", "TPU_HOST_BOUNDS")
 
 
 @dataclass(frozen=True)
 class Expected:
     """What the spec says the environment is (plan.py builds it from jobs/pipeline.yaml)."""
 
-    chips: int  # vm.chips: that many TPU devices of `chip_kind`; 0: JAX on CPU
-    chip_kind: str  # vm.chip_kind, JAX's device_kind ("TPU v6 lite" for v6e)
+    chips: int  # vm.accelerator's chips: that many TPU devices of `chip_kind`; 0: JAX on CPU
+    chip_kind: str  # JAX's device_kind ("TPU v6 lite" for v6e)
     packages: dict[str, str]  # environment.check_packages: name -> "maxtext" or "==VERSION"
     accepted: dict[str, str] = field(default_factory=dict)  # `uv pip check` line -> why it is accepted
+    accelerator: str = "vm.accelerator"  # the setting the chips come from, for the messages
+    slice_env: dict[str, str] = field(default_factory=dict)  # libtpu's TPU_ variables, which the check runs with
 
     @classmethod
     def from_json(cls, text: str) -> Expected:
@@ -77,18 +80,31 @@ def normalize(name: str) -> str:
 # --- judging --------------------------------------------------------------------------------------
 
 
+# What libtpu says when the TPU_ variables describe another slice than the host's (measured on a v5e host with
+# v6e-8's: tpu_v5e.md), and when it cannot start for another reason.
+TOPOLOGY_ERRORS = ("Failed to get global TPU topology", "Unable to initialize backend 'tpu'")
+
+
 def accelerator_problem(expected: Expected, facts: Facts) -> str | None:
+    setting = expected.accelerator
+    if facts.jax_error and expected.slice_env and any(e in facts.jax_error for e in TOPOLOGY_ERRORS):
+        variables = " ".join(f"{k}={v}" for k, v in expected.slice_env.items() if k in SLICE_VARIABLES)
+        return (
+            f"accelerator: libtpu cannot start with {setting}'s slice ({variables}): this host is another TPU; set "
+            f"vm.accelerator in jobs/pipeline.yaml (or the stack's tpu-rl:machineType) to what it is "
+            f"({facts.jax_error.strip().splitlines()[-1][:300]})"
+        )
     if facts.jax_error:
         return f"accelerator: JAX could not list its devices: {facts.jax_error}"
     seen = f"{len(facts.device_kinds)} {facts.platform} device(s) ({', '.join(sorted(set(facts.device_kinds)))})"
     if expected.chips == 0:
         ok = facts.platform == "cpu"
-        return None if ok else f"accelerator: JAX sees {seen}, the spec expects CPU only (vm.chips: 0)"
+        return None if ok else f"accelerator: JAX sees {seen}, {setting} expects CPU only"
     want = f"{expected.chips} tpu devices ({expected.chip_kind})"
     if facts.platform != "tpu" or len(facts.device_kinds) != expected.chips:
-        return f"accelerator: JAX sees {seen}, the spec expects {want} (vm.chips, vm.chip_kind)"
+        return f"accelerator: JAX sees {seen}, {setting} expects {want}"
     if expected.chip_kind and set(facts.device_kinds) != {expected.chip_kind}:
-        return f"accelerator: JAX sees {seen}, the spec expects {want} (vm.chip_kind)"
+        return f"accelerator: JAX sees {seen}, {setting} expects {want}"
     return None
 
 

@@ -11,7 +11,7 @@ import re
 
 EVAL = re.compile(
     r"(?P<phase>Pre RL Training|Intermediate Eval \(step=(?P<step>\d+)\)|Post RL Training): "
-    r"corr=(?P<corr>\d+), total=(?P<total>\d+), accuracy=(?P<accuracy>[\d.]+)%, "
+    r"corr=(?P<corr>[\d.]+), total=(?P<total>\d+), accuracy=(?P<accuracy>[\d.]+)%, "
     r"partial_accuracy=(?P<partial_accuracy>[\d.]+)%, format_accuracy=(?P<format_accuracy>[\d.]+)%, "
     r"mean_reward=(?P<mean_reward>-?[\d.]+)"
 )

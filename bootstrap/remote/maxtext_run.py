@@ -7,8 +7,8 @@ MaxText 0.2.3's RL rewards grade answers in a spawned process pool
 terminates the idle workers, one of which holds the pool's queue lock, and multiprocessing's
 own finalizer then waits for that lock forever. train_rl logs "RL Training Completed
 Successfully!" and never exits, so its job never ends. This closes the pool the graceful way
-(close + join: each worker takes its stop sentinel and exits) once the module returns, and
-otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
+(close + join: each worker takes its stop sentinel and exits) once the module returns, keeps
+that pool built once (steady_grader_pool), and otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
 failure with the pool open, the process ends at once with the module's status. Before the module
 runs, the start is recorded where the job's environment says, and each eval it logs from then on
 (attempts.py). Stdlib only.
@@ -16,6 +16,7 @@ runs, the start is recorded where the job's environment says, and each eval it l
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import runpy
@@ -28,6 +29,26 @@ except ImportError:
     import attempts  # on the VM and in a pod: beside this script in the tools folder
 
 GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
+
+
+def steady_grader_pool() -> None:
+    """MaxText 0.2.3 sizes its math_verify pool by each call's items (min(8, items, CPUs)) and builds it again,
+    with freshly spawned workers, whenever that number changes: every train group, eval batch or partial last
+    batch of another size costs a rebuild, 25-30 s on a TPU host. A live pool is kept, whatever size a later
+    call asks for (0.2.4 on sizes it by the CPUs alone, so nothing changes there); one that timed out and was
+    shut down is built again as before."""
+    try:
+        grader = importlib.import_module(GRADER_POOL)  # standard library only; train_rl imports it anyway
+    except ImportError:  # another module's MaxText, or none
+        return
+    build = getattr(grader, "_get_pool", None)
+    if build is None:
+        return
+
+    def steady(num_procs: int):
+        return grader._POOL if grader._POOL is not None else build(num_procs)
+
+    grader._get_pool = steady
 
 
 def close_grader_pool() -> bool:
@@ -51,6 +72,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
     attempts.record_start(dict(os.environ))
     attempts.EvalRecorder.install(dict(os.environ))
+    steady_grader_pool()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as exit_:

@@ -41,10 +41,13 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     files = load.read(jobs_dir())
     pipeline = check_local(files, arg or [])
     name = check_run_name(run_name) if run_name is not None else runs.current_run()
+    user = getattr(c, "user", None)  # -H's (a Connection); else the stack's
+    machine_type = None
     if stack:
-        from ..gke.stack import slice_of  # the Pulumi SDK takes a tenth of a second to import: only here
+        from ..gke.stack import read, slice_of  # the Pulumi SDK takes a tenth of a second to import: only here
 
-        target = slice_of(stack, pipeline.spec)
+        settings = read(stack)
+        target = slice_of(settings, pipeline.spec)
         if target:
             merged = gke_session().overrides(files, target, arg or [])
             manifests = [
@@ -56,9 +59,9 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
                 note = f"# a new run: {NEW_RUN!r} stands for the name fab train gives it\n" if not name else ""
                 print(note + yaml.safe_dump_all(manifests, sort_keys=False))
             return
-    user = getattr(c, "user", None)  # -H's (a Connection); else the stack's default SSH user
+        user, machine_type = user or settings.ssh_user, settings.machine_type
     durable = durable_overrides(pipeline.spec, None, offline=True)
-    built = build(files, [*durable, *(arg or [])], name or PLACEHOLDER_RUN, user)
+    built = build(files, [*durable, *(arg or [])], name or PLACEHOLDER_RUN, user, machine_type)
     record = runs.RunRecord.load(name) if name else None
     print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
 

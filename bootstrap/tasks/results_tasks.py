@@ -171,16 +171,18 @@ def _listed(c, files: load.JobFiles, say) -> tuple[dict, str, Callable, int]:
     durable = durable_overrides(spec, outputs)
     conn = connect.connection(c, say, outputs)
     vm = Vm(connect.open_connection(conn, outputs), Layout(spec.vm.state_dir))
-    request = side_by_side.request(build(files, durable, user=conn.user), outputs)
+    machine_type = (outputs or {}).get("machine_type")
+    placed = build(files, durable, user=conn.user, machine_type=machine_type)
+    request = side_by_side.request(placed, outputs)
     vm.install(runs=request)
 
     def now(run: str, settings: list[str]) -> Plan | None:
         try:
-            return build(files, [*durable, *settings], run, conn.user)
+            return build(files, [*durable, *settings], run, conn.user, machine_type)
         except UserError:
             return None
 
-    return vm.runs(request), vm.name, now, spec.vm.chips
+    return vm.runs(request), vm.name, now, placed.accelerator.chips
 
 
 def _pair(values: list[float] | None, form: str) -> str:

@@ -85,7 +85,9 @@ def open_session(
         source = f"{driver.name}:{driver.layout.current_run}"
     durable = [] if target else durable_overrides(pipeline.spec, outputs)
     user = None if target else conn.user  # the SSH user: its own folder in the VM's /dev/shm
-    expected_plan = build(files, [*durable, *overrides], expected, user) if expected else None  # the plan if chosen
+    machine_type = (outputs or {}).get("machine_type")  # the stack's: vm.accelerator auto
+    chosen = (user, machine_type)
+    expected_plan = build(files, [*durable, *overrides], expected, *chosen) if expected else None  # the plan if chosen
     ahead = _read_ahead(expected_plan, outputs, runs_jobs) if expected_plan else ()
     current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
     if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
@@ -106,7 +108,9 @@ def open_session(
     if target:
         plan = gke_session().plan(files, planned_with, name, target)
     else:
-        plan = expected_plan if expected_plan and name == expected else build(files, [*durable, *overrides], name, user)
+        plan = (
+            expected_plan if expected_plan and name == expected else build(files, [*durable, *overrides], name, *chosen)
+        )
     record = runs.RunRecord.load(name)
     session = Session(plan, driver, console, record, values, overrides, outputs, token_check=token_check)
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over

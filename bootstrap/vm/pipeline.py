@@ -62,7 +62,7 @@ def preflight_request(session: Session) -> dict:
     vm_spec = session.plan.spec.vm
     return {
         "folders": dict(session.plan.folders),
-        "chips": vm_spec.chips,
+        "chips": session.plan.accelerator.chips,
         "chip_glob": vm_spec.chip_glob,
         "min_memory_gb": vm_spec.min_memory_gb,
         "min_shm_gb": vm_spec.min_shm_gb,
@@ -194,7 +194,7 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         else:
             console.print(f"pipeline started on {vm.name}; it goes on without this laptop")
         session.record.machine = vm.identity  # a recreated VM of this identity carries the run on (tasks/common.py)
-        session.record.settings, session.record.chips = list(session.overrides), session.plan.spec.vm.chips
+        session.record.settings, session.record.chips = list(session.overrides), session.plan.accelerator.chips
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
             stream.close()

@@ -133,7 +133,7 @@ class Watcher:
 
     def summary(self) -> Table:
         """What each job that ran took, in minutes and in chip-hours (the VM's chips are billed while it runs)."""
-        chips = self.session.plan.spec.vm.chips
+        chips = self.session.plan.accelerator.chips
         table = Table(title=f"run {self.session.plan.run_name}: jobs run by this pipeline")
         for column in ("job", "state", "minutes", "chip-hours"):
             table.add_column(column, justify="left" if column in ("job", "state") else "right")

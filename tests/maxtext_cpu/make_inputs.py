@@ -77,24 +77,26 @@ def rows(count: int, seed: int) -> list[dict]:
     return out
 
 
-def write_gsm8k(folder: Path) -> list[str]:
+def write_gsm8k(folder: Path, rows=rows, counts: tuple[int, int] = (30, 10)) -> list[str]:
+    """The train and test splits (`counts` rows of `rows`), as parquet; their texts, for the tokenizer."""
     folder.mkdir(parents=True, exist_ok=True)
     texts = []
-    for split, count, seed in (("train", 30, 1), ("test", 10, 2)):
+    for split, count, seed in (("train", counts[0], 1), ("test", counts[1], 2)):
         data = rows(count, seed)
         pq.write_table(pa.Table.from_pylist(data), folder / f"{split}.parquet")
         texts += [r["question"] + " " + r["answer"] for r in data]
     return texts
 
 
-def write_tokenizer(folder: Path, texts: list[str]) -> PreTrainedTokenizerFast:
+def write_tokenizer(folder: Path, corpus: list[str]) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on `corpus`, with Llama 3's special tokens, the format tags and a chat template."""
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB - 30, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
-    bpe.train_from_iterator(texts * 4 + [PROMPT_TEMPLATE] * 20, trainer)
+    bpe.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<|begin_of_text|>",
@@ -186,7 +188,7 @@ def write_hub_cache(hf_home: Path, tokenizer_dir: Path, model_dir: Path, config:
 
 def main(out: Path) -> None:
     texts = write_gsm8k(out / "gsm8k")
-    tokenizer = write_tokenizer(out / "tokenizer", texts)
+    tokenizer = write_tokenizer(out / "tokenizer", texts * 4 + [PROMPT_TEMPLATE] * 20)
     config = model_config(tokenizer)
     write_model(out / "hf_model", config, tokenizer.convert_tokens_to_ids(FORMAT_TAGS))
     write_hub_cache(out / "hf_home", out / "tokenizer", out / "hf_model", config)

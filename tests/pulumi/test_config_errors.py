@@ -21,6 +21,9 @@ CASES = [
     ({"tpu-rl:osLogin": "true"}, (), "tpu-rl:sshPublicKey: set together with tpu-rl:osLogin"),
     ({"tpu-rl:sshSourceRange": ["0.0.0.0/0"]}, (), "tpu-rl:sshSourceRange: unknown key"),  # a typo is not ignored
     ({"tpu-rl:sshSourceRanges": []}, (), "tpu-rl:sshSourceRanges: is an empty list"),
+    # the job files' 8B GRPO run needs more HBM than 4 or 1 v6e chips hold: refused before any VM is made
+    ({"tpu-rl:machineType": "ct6e-standard-4t"}, (), "tpu-rl:machineType: ct6e-standard-4t does not fit the job files"),
+    ({"tpu-rl:machineType": "ct6e-standard-1t"}, (), "vm.accelerator: v6e-1 (the stack's tpu-rl:machineType"),
 ]
 
 

@@ -1,6 +1,11 @@
 """The VM matches the reference gcloud command, flag by flag (workload.md section 1)."""
 
+import shutil
+
 import pytest
+
+from bootstrap.paths import REPO
+from tests.loopback import edit_yaml
 
 from .program import FAKE_INSTANCE_ID, FAKE_IP, PUBLIC_KEY, run_program
 
@@ -68,7 +73,11 @@ def test_ssh_keys_metadata(vm):
     assert vm["metadata"]["ssh-keys"] == f"tpu-rl:{PUBLIC_KEY}"
 
 
-def test_config_overrides_machine_disk_image_name():
+def test_config_overrides_machine_disk_image_name(tmp_path, monkeypatch):
+    jobs = tmp_path / "jobs"  # a model four v6e chips hold (the shipped 8B run needs eight: test_config_errors)
+    shutil.copytree(REPO / "jobs", jobs)
+    edit_yaml(jobs / "train.yaml", lambda d: d["args"].update(override_model_config=True, base_emb_dim=1024))
+    monkeypatch.setenv("TPU_RL_JOBS", str(jobs))
     vm = run_program(
         {
             "tpu-rl:machineType": "ct6e-standard-4t",

@@ -94,7 +94,7 @@ YAML_CASES = [
     Case("raw NUL byte", "export.yaml:1: yaml: contains a NUL byte", "export.yaml", lambda b: b"\x00" + b),
     Case(
         "escaped NUL in env",
-        "train.yaml:10: env.HF_HOME: contains a control character",
+        "train.yaml:13: env.HF_HOME: contains a control character",
         "train.yaml",
         put("env.HF_HOME", '"a\\0b"'),
     ),
@@ -127,7 +127,7 @@ YAML_CASES = [
         "chips huge", "vm.chips: Input should be less than or equal to 256", "pipeline.yaml", put("vm.chips", "9" * 40)
     ),
     Case(
-        "chips negative", "vm.chips: Input should be greater than or equal to 0", "pipeline.yaml", put("vm.chips", "-1")
+        "chips negative", "vm.chips: Input should be greater than or equal to 1", "pipeline.yaml", put("vm.chips", "-1")
     ),
     Case("chips hex", "vm.chips:", "pipeline.yaml", put("vm.chips", "0x10")),
     Case(

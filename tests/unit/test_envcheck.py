@@ -50,15 +50,15 @@ def test_the_environment_the_spec_expects_has_no_problem():
     [
         (
             {"device_kinds": [V6E] * 4},
-            "accelerator: JAX sees 4 tpu device(s) (TPU v6 lite), the spec expects 8 tpu devices (TPU v6 lite)",
+            "accelerator: JAX sees 4 tpu device(s) (TPU v6 lite), vm.accelerator expects 8 tpu devices (TPU v6 lite)",
         ),
         (
             {"platform": "cpu", "device_kinds": ["cpu"]},
-            "accelerator: JAX sees 1 cpu device(s) (cpu), the spec expects 8",
+            "accelerator: JAX sees 1 cpu device(s) (cpu), vm.accelerator expects 8",
         ),
         (
             {"device_kinds": ["TPU v5 lite"] * 8},
-            "accelerator: JAX sees 8 tpu device(s) (TPU v5 lite), the spec expects 8 tpu devices",
+            "accelerator: JAX sees 8 tpu device(s) (TPU v5 lite), vm.accelerator expects 8 tpu devices",
         ),
         (
             {"platform": "", "device_kinds": [], "jax_error": "RuntimeError: TPU initialization failed"},
@@ -71,11 +71,26 @@ def test_a_wrong_accelerator_is_one_line(seen, line):
     assert len(found) == 1 and found[0].startswith(line), found
 
 
+def test_a_host_of_another_slice_names_the_setting_and_its_variables():
+    """On a host that is not the slice vm.accelerator names, libtpu cannot start with its TPU_ variables (seen on a
+    v5e host with v6e-8's); the line says which setting made them and what they were."""
+    plan = build(load.read(REPO / "jobs"), [], "run-1")
+    expected = expected_environment(plan.spec, plan.accelerator)
+    error = "RuntimeError: Unable to initialize backend 'tpu': INTERNAL: Failed to get global TPU topology."
+    found = envcheck.accelerator_problem(expected, facts(platform="", device_kinds=[], jax_error=error))
+    assert found == (
+        "accelerator: libtpu cannot start with vm.accelerator v6e-8 (tpu-rl:machineType's default; no stack was "
+        "read)'s slice (TPU_ACCELERATOR_TYPE=v6e-8 TPU_TOPOLOGY=2x4 TPU_CHIPS_PER_HOST_BOUNDS=2,4,1 "
+        "TPU_HOST_BOUNDS=1,1,1): this host is another TPU; set vm.accelerator in jobs/pipeline.yaml (or the "
+        f"stack's tpu-rl:machineType) to what it is ({error})"
+    )
+
+
 def test_the_cpu_tier_expects_jax_on_cpu():
     cpu = Expected(0, V6E, {})
     assert envcheck.problems(cpu, facts(platform="cpu", device_kinds=["cpu"])) == []
     assert envcheck.problems(cpu, facts()) == [
-        "accelerator: JAX sees 8 tpu device(s) (TPU v6 lite), the spec expects CPU only (vm.chips: 0)"
+        "accelerator: JAX sees 8 tpu device(s) (TPU v6 lite), vm.accelerator expects CPU only"
     ]
 
 
@@ -126,7 +141,8 @@ def test_only_the_accepted_conflicts_pass():
 def test_a_star_accepts_any_text_of_that_package_alone():
     """The shipped list accepts whatever the three packages MaxText installs from its pinned commits declare
     (their pins differ by version, and vLLM's could not be read), and still nothing of any other package."""
-    shipped = expected_environment(build(load.read(REPO / "jobs"), [], "run-1").spec)
+    shipped_plan = build(load.read(REPO / "jobs"), [], "run-1")
+    shipped = expected_environment(shipped_plan.spec, shipped_plan.accelerator)
     vllm = "The package `vllm` requires `tpu-inference==0.11.1`, but `0.0.0` is installed"
     jax = "The package `maxtext` requires `jax>=0.8.1`, but `0.7.0` is installed"
     assert envcheck.conflict_problems(shipped, facts(conflicts=[vllm, jax])) == [
@@ -147,7 +163,7 @@ def test_uv_s_own_report_is_read_line_by_line(monkeypatch):
 
 def test_the_plan_expects_what_pipeline_yaml_says():
     plan = build(load.read(REPO / "jobs"), [], "run-1")
-    expected = expected_environment(plan.spec)
+    expected = expected_environment(plan.spec, plan.accelerator)
     assert (expected.chips, expected.chip_kind) == (8, V6E)
     assert set(expected.packages) == {"google-tunix", "tpu-inference", "vllm"}
     assert all(why for why in expected.accepted.values())
@@ -206,7 +222,7 @@ def test_the_real_check_passes_and_marks_a_good_environment(site, tmp_path):
     [
         (
             Expected(4, V6E, {"google-tunix": "maxtext"}),
-            "ENVIRONMENT ERROR: accelerator: JAX sees 8 tpu device(s) (TPU v6 lite), the spec expects 4 tpu devices",
+            "ENVIRONMENT ERROR: accelerator: JAX sees 8 tpu device(s) (TPU v6 lite), vm.accelerator expects 4 tpu devices",
         ),
         (
             Expected(8, V6E, {"tpu-inference": "==0.0.0"}),

@@ -116,7 +116,7 @@ def test_bad_job_file(jobs_copy, file, old, new, message):
 
 def test_error_points_at_the_line(jobs_copy):
     path = jobs_copy / "train.yaml"
-    edit(path, "  chips_per_vm: 8", "  chips_per_vm: 8\n  loss_algo: grpo")
+    edit(path, "  chips_per_vm: ${chips}", "  chips_per_vm: ${chips}\n  loss_algo: grpo")
     with pytest.raises(UserError) as raised:
         load_checked(jobs_copy, [])
     assert f"{path}:{line_of(path, 'loss_algo: grpo')}: args.loss_algo" in str(raised.value)

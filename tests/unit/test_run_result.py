@@ -121,6 +121,19 @@ def test_the_publish_gate(tmp_path, rule, before, after, held):
     assert why == held if held is None else why.startswith(held)
 
 
+def test_an_eval_of_sampled_passes_is_read_too():
+    """With eval_mode pass_at_1, MaxText averages its passes and prints `corr` as a float (seen on the TPU tier's
+    run): such a line was not read at all, so a run evaluated that way had no result and was always held back."""
+    line = (
+        "W1204 05:40:55.872671 140438024190848 train_rl.py:754] Post RL Training: corr=11.25, total=64, "
+        "accuracy=17.578125%, partial_accuracy=17.578125%, format_accuracy=78.125%, mean_reward=0.7402"
+    )
+    assert evals.parse(line) == {
+        "phase": "post", "step": None, "corr": 11.25, "total": 64.0, "accuracy": 17.578125,
+        "partial_accuracy": 17.578125, "format_accuracy": 78.125, "mean_reward": 0.7402,
+    }  # fmt: skip
+
+
 def test_no_evals_never_pass_an_improved_gate_silently():
     assert evals.held_back([], "improved").startswith("no GSM8K eval was recorded for this run")
     assert evals.held_back([], "always") is None

@@ -10,6 +10,8 @@ site-packages is edited; each part is a patch applied when its module is importe
   gs:// folder with tf.io.gfile, which writes a `folder/` placeholder object; this one has no
   TensorFlow, and gcsfs makes nothing, so MaxText's check that the folder now exists
   (`gcs_utils.mkdir_and_check_permissions`) would fail. The placeholder is written here instead.
+- Each build of MaxText's math_verify grader pool is said in the job's log (GRADER_BUILT): a test counts
+  them, since 0.2.3 builds the pool again, with fresh workers, whenever the size it asks for changes.
 - TPU_RL_CPU_HOLD_FILE=PATH: a VM lost right after a checkpoint. While PATH exists and holds a
   step number, train holds once that step's checkpoint is committed (PATH.held says so) until it
   is killed, so that a test loses the VM exactly there.
@@ -23,6 +25,8 @@ import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROLLOUT_MODULE = "maxtext.integration.vllm.maxtext_vllm_rollout"
+GRADER_MODULE = "maxtext.trainers.post_train.rl.math_verify_pool"
+GRADER_BUILT = "[shim] math_verify grader pool built with"
 ADAPTER_MODULE = "maxtext.integration.vllm.maxtext_vllm_adapter"  # train_rl 0.2.4+: `adapter.register()`
 
 
@@ -120,7 +124,22 @@ def _hold_after_checkpoint(checkpoint_manager):
     checkpoint_manager.CheckpointManager.save = saving
 
 
+def _count_grader_pools(grader):
+    """Says each time MaxText's grader pool is built (none, or a live one of another size, is replaced)."""
+    build = getattr(grader, "_get_pool", None)
+    if build is None:
+        return
+
+    def counted(num_procs):
+        if grader._POOL is None or num_procs != grader._POOL_NUM_PROCS:
+            print(f"{GRADER_BUILT} {num_procs} worker(s)", file=sys.stderr, flush=True)
+        return build(num_procs)
+
+    grader._get_pool = counted
+
+
 sys.meta_path.insert(0, _AfterImport("etils.epath.backend", _gfile_folders))
+sys.meta_path.insert(0, _AfterImport(GRADER_MODULE, _count_grader_pools))
 if os.environ.get("MAXTEXT_CPU_ROLLOUT") == "1":
     sys.meta_path.insert(0, _Replace(ROLLOUT_MODULE, os.path.join(HERE, "cpu_rollout.py")))
     sys.meta_path.insert(0, _Unregistered(ADAPTER_MODULE))
