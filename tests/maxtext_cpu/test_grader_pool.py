@@ -1,0 +1,58 @@
+"""MaxText 0.2.3's math_verify grader pool, for real: it is built again, with freshly spawned workers, whenever the
+number of items a call grades changes (a train group, an eval batch, a partial last batch); the launcher keeps the
+live one (maxtext_run.steady_grader_pool). On the TPU host each build cost 25-30 s and made a 0.35-0.70 s step
+take 4.34 s (shared/reference/tiny_learns.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from bootstrap.paths import REPO
+from tests.maxtext_cpu.conftest import DEFAULT
+
+CALLS = [1, 2, 1]  # items graded by each call: one group's answers, then another's, as train and evals do
+SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import maxtext_run
+from maxtext.trainers.post_train.rl import math_verify_pool as grader
+
+built, build = [], grader._get_pool
+def counted(num_procs):  # MaxText's own build, counted where it builds
+    if grader._POOL is None or grader._POOL_NUM_PROCS != num_procs:
+        built.append(num_procs)
+    return build(num_procs)
+grader._get_pool = counted
+if sys.argv[2] == "steady":
+    maxtext_run.steady_grader_pool()  # the launcher's, over MaxText's
+
+class Config:
+    reward_exact_answer = 1.0
+
+for count in json.loads(sys.argv[3]):
+    items = [(i, ["\\\\boxed{7}"], ["\\\\boxed{7}"]) for i in range(count)]
+    scores = grader.math_verify_pool(Config(), items, [0.0] * count, timeout=120)
+    assert scores == [1.0] * count, scores
+print(json.dumps(built))
+grader._shutdown_pool()
+"""
+
+
+@pytest.mark.parametrize("launcher", ["maxtext", "steady"])
+def test_the_grader_pool_is_built_once_whatever_each_call_grades(launcher):
+    """`maxtext`: MaxText alone; `steady`: under the launcher (maxtext_run.steady_grader_pool). MaxText's builds
+    are counted in both."""
+    python = DEFAULT.venv / "bin" / "python"
+    result = subprocess.run(
+        [python, "-c", SCRIPT, str(REPO / "bootstrap" / "remote"), launcher, json.dumps(CALLS)],
+        capture_output=True, text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    built = json.loads(result.stdout.splitlines()[-1])
+    if launcher == "maxtext":
+        assert len(built) == len(CALLS), built  # each change of size spawned a new pool (here: 1, 2, 1 workers)
+    else:
+        assert built == [1], built  # the first pool, kept for every later call
