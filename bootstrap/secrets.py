@@ -78,6 +78,29 @@ def _expanded(path: str) -> str:
     return os.path.expandvars(os.path.expanduser(path))
 
 
+NOTIFY_PREFIX = "NOTIFY_"  # a receiver's URL in the VM's secrets folder: NOTIFY_<its variable>
+
+
+def notify_urls(names: list[str], source: str, required: bool) -> dict[str, str]:
+    """results.notify's webhook URLs, each from its environment variable here (a secret, as the token is): the
+    name it is stored under on the VM -> the URL. One error naming every variable missing or not a URL."""
+    found, problems = {}, []
+    for entry in names:
+        name = entry.split(":", 1)[0]
+        url = os.environ.get(name, "").strip()
+        if not url:
+            if required:
+                problems.append(Problem(source, "results.notify", f"{name} is not set: export {name}=YOUR_WEBHOOK_URL"))
+            continue
+        if not url.startswith(("https://", "http://")) or any(c.isspace() for c in url):
+            problems.append(Problem(source, "results.notify", f"{name} does not hold an http(s) URL"))
+            continue
+        found[f"{NOTIFY_PREFIX}{name}"] = url
+    if problems:
+        raise UserError(problems)
+    return found
+
+
 def redact(text: str) -> str:
     """`text` with the value of every secret set on this machine replaced."""
     for name in KNOWN:

@@ -149,6 +149,12 @@ class ResultsSpec(Strict):
     # When the Hub copy is made (remote/evals.py gate): "improved" (after training above before by more than the
     # noise of that many problems), "always", or the lowest GSM8K accuracy in % after training
     publish_if: Literal["improved", "always"] | Annotated[float, Field(ge=0, le=100)] = "improved"
+    # Who hears when the pipeline ends or needs you: each an environment variable on this machine that holds a
+    # webhook URL (a secret: fab puts it on the VM as it puts the token), NAME or NAME:KIND (json, slack,
+    # discord, ntfy; by default told by the URL's host)
+    notify: list[
+        Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}(:(json|slack|discord|ntfy))?$")]
+    ] = []
 
     @field_validator("hub_repo")
     @classmethod

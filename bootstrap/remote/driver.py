@@ -57,12 +57,13 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 try:
-    from . import faults, folders, inventory, jobrunner  # on the laptop: bootstrap.remote.driver
+    from . import faults, folders, inventory, jobrunner, notify  # on the laptop: bootstrap.remote.driver
 except ImportError:
     import faults  # on the VM: beside this script in the tools folder
     import folders
     import inventory
     import jobrunner
+    import notify
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
 read_json, write_json = jobrunner.read_json, jobrunner.write_json
@@ -305,6 +306,7 @@ def info(layout: Layout) -> dict | None:
         record["state"] = PipelineState.INTERRUPTED.value
     if record:
         record["alive"] = alive(record)
+        record["notifications"] = notify.recent(layout)
     return record
 
 
@@ -394,6 +396,7 @@ class Driver:
             outcome = PipelineState.FAILED
         self.save(state=outcome.value, since=time.time())
         self.emit({"event": "finished", "state": outcome.value, "failed": self.graph.failed})
+        notify.start(self.layout, {"kind": "finished", "state": outcome.value, "failed": self.graph.failed})
         if outcome is PipelineState.DONE and (why := only_on_the_vm(self.plan)):
             self.save(autostop_idle=None, autostop_why=why)  # never revived to wait either
             self.emit({"event": "autostop-off", "why": why})
@@ -605,6 +608,11 @@ def revive(layout: Layout, boot: bool = False) -> dict | None:
             counted = read_json(_path(layout, REVIVED)) or {}
             count = counted.get("count", 0) if counted.get("digest") == current["digest"] else 0
             if count >= REVIVALS:
+                if not counted.get("notified"):  # the user is told once that it needs them
+                    write_json(_path(layout, REVIVED), {**counted, "notified": True})
+                    faults.point("revive.notified")
+                    why = f"revived {count} times since the last fab command"
+                    notify.start(layout, {"kind": "gave-up", "state": "interrupted", "why": why})
                 return current
             write_json(_path(layout, REVIVED), {"digest": current["digest"], "count": count + 1})
             faults.point("revive.counted")

@@ -53,6 +53,7 @@ POINTS = (
     "current-run.recorded",
     # driver.revive: a revival counted against the plan's REVIVALS; driver.start: the count forgotten
     "revive.counted",
+    "revive.notified",
     "start.forgot-revivals",
     # hub_upload.hold: the marker of a model results.publish_if kept off the Hub
     "hub-upload.held",

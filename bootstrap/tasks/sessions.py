@@ -53,6 +53,7 @@ def open_session(
     connect.refuse_several_hosts(c, None)  # -H's, read from the command line; the stack's once read
     sources = secret_sources(pipeline)
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
+    values |= secrets.notify_urls(pipeline.spec.results.notify, str(files.pipeline.path), runs_jobs)
     inputs.passed()
     dial = dial or Dial(c, console.print, connects=not recover)
     outputs = dial.outputs()

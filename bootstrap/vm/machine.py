@@ -39,6 +39,7 @@ TOOLS = (
     "faults.py",
     "driver.py",
     "folders.py",
+    "notify.py",
     "inventory.py",
     "evals.py",
     "maxtext_check.py",

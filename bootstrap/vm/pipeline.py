@@ -17,6 +17,7 @@ import socket
 import time
 from datetime import datetime
 
+from .. import secrets
 from ..errors import StoppedWatching, UserError
 from ..jobs.plan import PlannedJob
 from ..remote import gcs
@@ -93,7 +94,12 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
         }
         for name in needed + wanted
     ]
-    body = {"run": session.plan.run_name, "jobs": entries, "preflight": preflight_request(session)}
+    body = {
+        "run": session.plan.run_name,
+        "jobs": entries,
+        "preflight": preflight_request(session),
+        "notify": receivers(session),
+    }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     idle, why = autostop(session, jobs)
     return {
@@ -110,6 +116,16 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
             "kept_by": [job.runner_spec["outputs"][0] for job in jobs if job.name.startswith(DURABLE_PREFIX)],
         },
     }
+
+
+def receivers(session: Session) -> list[dict]:
+    """results.notify as the driver reads it: names and kinds; the URLs stay in the VM's secrets folder."""
+    found = []
+    for entry in session.plan.spec.results.notify:
+        name, _, kind = entry.partition(":")
+        if f"{secrets.NOTIFY_PREFIX}{name}" in session.secrets:
+            found.append({"name": name, "secret": f"{secrets.NOTIFY_PREFIX}{name}", "kind": kind})
+    return found
 
 
 def describe(record: dict) -> str:
@@ -141,6 +157,9 @@ def status_lines(record: dict | None) -> list[str]:
         )
     elif not idle:
         lines.append(f"  autostop: {record.get('autostop_why') or 'off'}")
+    for sent in record.get("notifications") or []:
+        what = f"sent (HTTP {sent.get('status')})" if sent.get("ok") else f"not sent: {sent.get('error')}"
+        lines.append(f"  notified {sent.get('to')} of {sent.get('event')} at {clock(sent.get('t'))}: {what}")
     return lines
 
 

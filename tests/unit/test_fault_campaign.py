@@ -47,6 +47,7 @@ UNREACHED = {  # points this pipeline never reaches, and why (each is in the AST
     "copy-down.copied": "fab metrics' copy of the events, not a pipeline job",
     "copy-down.removed": "fab metrics' copy of the events, not a pipeline job",
     "revive.counted": "the crontab's revival of a dead driver: swept in tests/unit/test_driver_process.py",
+    "revive.notified": "a driver the crontab gave up on, told once: tests/unit/test_driver_process.py",
     "start.forgot-revivals": "a revival count to forget: swept in tests/unit/test_driver_process.py",
     "envcache.stored": "the setup job's environment in the bucket: swept in tests/unit/test_envcache.py",
     "envcache.removed-old": "swept in tests/unit/test_envcache.py",

@@ -1,0 +1,183 @@
+"""Tell the user's receivers how the pipeline ended, from the VM: one JSON POST each (results.notify).
+
+    python3 notify.py STATE_DIR EVENT_JSON      # started detached by the driver; prints nothing
+
+The driver starts it when the pipeline ends (done, failed, or done with the Hub copy held back) and when it
+stops for a reason that needs the user (a driver the crontab gave up reviving), and never waits for it: a
+receiver that is down or slow changes nothing in the pipeline or in autostop. Each receiver's URL is a secret
+(in the secrets folder, as the token is): it is never printed, logged or written anywhere else. Each POST is
+tried TRIES times, TIMEOUT_SECONDS each; its outcome (never the URL) is one line of the pipeline folder's
+notifications.jsonl, which `fab status` shows. The body fits the receiver, by its URL or as named:
+Slack's and Discord's incoming webhooks, ntfy, or a plain JSON object for anything else.
+
+Standard library only: it runs on the VM beside driver.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+try:
+    from . import attempts, evals, jobrunner  # on the laptop: bootstrap.remote.notify
+except ImportError:
+    import attempts  # on the VM: beside this script in the tools folder
+    import evals
+    import jobrunner
+
+LOG = "notifications.jsonl"  # in the pipeline folder
+TRIES = 3
+# test-only knobs, as retry.py's: how long a receiver may take to answer, and the first wait before trying again
+TIMEOUT_SECONDS = float(os.environ.get("TPU_RL_NOTIFY_TIMEOUT_SECONDS", "10"))
+BACKOFF_SECONDS = float(os.environ.get("TPU_RL_RETRY_BACKOFF_SECONDS", "2"))
+KINDS = ("json", "slack", "discord", "ntfy")
+HOSTS = {"hooks.slack.com": "slack", "discord.com": "discord", "discordapp.com": "discord", "ntfy.sh": "ntfy"}
+
+
+def kind_of(url: str, named: str = "") -> str:
+    """The receiver's kind: as named (results.notify NAME:KIND), else by the URL's host, else plain JSON."""
+    return named or HOSTS.get(urllib.parse.urlsplit(url).hostname or "", "json")
+
+
+def request(url: str, kind: str, message: str, event: dict) -> urllib.request.Request:
+    """One POST, its body as the receiver takes it."""
+    if kind == "ntfy":  # ntfy publishes a plain-text body to the topic the URL names
+        title = f"tpu-rl: run {event.get('run', '?')} {event.get('state', '')}".strip()
+        return urllib.request.Request(url, data=message.encode(), headers={"Title": title}, method="POST")
+    body = {"slack": {"text": message}, "discord": {"content": message[:2000]}}.get(kind, {**event, "text": message})
+    headers = {"Content-Type": "application/json"}
+    return urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+
+
+def send(url: str, kind: str, message: str, event: dict) -> dict:
+    """The POST, tried TRIES times; what happened, without the URL."""
+    error = ""
+    for attempt in range(1, TRIES + 1):
+        try:
+            with urllib.request.urlopen(request(url, kind, message, event), timeout=TIMEOUT_SECONDS) as answer:
+                return {"ok": True, "status": answer.status, "tries": attempt}
+        except urllib.error.HTTPError as err:
+            error = f"HTTP {err.code}"
+            if err.code < 500 and err.code != 429:  # the receiver refused it: again would be refused again
+                break
+        except (OSError, ValueError) as err:  # down, slow, or not a URL: its type alone (a message may quote it)
+            error = type(err).__name__ if not isinstance(err, urllib.error.URLError) else _reason(err)
+        if attempt < TRIES:
+            time.sleep(BACKOFF_SECONDS * attempt)
+    return {"ok": False, "error": error, "tries": attempt}
+
+
+def _reason(err: urllib.error.URLError) -> str:
+    reason = err.reason
+    return type(reason).__name__ if isinstance(reason, BaseException) else "unreachable"
+
+
+def message(event: dict) -> str:
+    """One line a person reads first: the run, how it ended, and its result or what to look at."""
+    head = f"tpu-rl: run {event.get('run', '?')} on {event.get('host', '?')}"
+    if event.get("kind") == "gave-up":
+        return f"{head}: its driver keeps stopping ({event.get('why', '')}); run fab status"
+    if event.get("state") == "failed":
+        failed = event.get("failed") or {}
+        job = next(iter(failed), "?")
+        last = f": {event['last_line']}" if event.get("last_line") else ""
+        return f"{head}: failed at {job} ({failed.get(job, '?')}){last}; run fab train to retry it"
+    result = f"; {event['result']}" if event.get("result") else ""
+    if event.get("held"):
+        return f"{head}: done, the model held back ({event['held']}); fab publish uploads it{result}"
+    return f"{head}: done{result}"
+
+
+def describe(layout: jobrunner.Layout, event: dict) -> dict:
+    """The event with what a receiver needs: the run's result from its eval records, the failed job's last
+    log line (secrets redacted), a held back Hub copy's reason."""
+    plan = jobrunner.read_json(os.path.join(layout.pipeline, "plan.json")) or {"jobs": []}
+    jobs = {job["name"]: job for job in plan["jobs"]}
+    found = {**event, "run": plan.get("run", "?"), "host": os.uname().nodename}
+    records = ((jobs.get("train") or {}).get("spec") or {}).get("env", {}).get(attempts.EVALS_ENV)
+    if records:
+        try:  # the result compares the first eval with the last: the run's step count changes nothing
+            result = evals.outcome(attempts.recorded_evals(attempts.read_records(records), None))
+            found["result"] = evals.result_line(result) if result else ""
+        except (OSError, ValueError):
+            found["result"] = ""
+    for name in event.get("failed") or {}:
+        if name in jobs:
+            folder = os.path.expanduser(jobs[name]["job_dir"])
+            redactor = jobrunner.Redactor.of(folder)
+            tail = redactor.feed(_last_line(folder)) + redactor.feed(b"")
+            found["last_line"] = tail.decode(errors="replace").strip()[-300:]
+            break
+    held = [jobrunner.read_json(os.path.expanduser(job["spec"]["outputs"][0])) or {} for job in jobs.values()
+            if job["spec"].get("may_hold")]  # fmt: skip
+    if reasons := [marker["held"] for marker in held if marker.get("held")]:
+        found["held"] = str(reasons[0])[:300]
+    return found
+
+
+def _last_line(folder: str) -> bytes:
+    try:
+        with open(os.path.join(folder, jobrunner.LOG), "rb") as f:
+            f.seek(max(0, os.path.getsize(f.name) - 4096))
+            lines = [line for line in f.read().splitlines() if line.strip()]
+    except OSError:
+        return b""
+    return lines[-1] if lines else b""
+
+
+def notify(layout: jobrunner.Layout, event: dict) -> None:
+    """Each receiver the plan names, once: its outcome appended to notifications.jsonl."""
+    plan = jobrunner.read_json(os.path.join(layout.pipeline, "plan.json")) or {}
+    receivers = plan.get("notify") or []
+    if not receivers:
+        return
+    described = describe(layout, event)
+    text = message(described)
+    for receiver in receivers:
+        try:
+            with open(os.path.join(layout.secrets, receiver["secret"])) as f:
+                url = f.read().strip()
+        except OSError:
+            outcome = {"ok": False, "error": "its URL is not on the VM", "tries": 0}
+        else:
+            outcome = send(url, kind_of(url, receiver.get("kind", "")), text, described)
+        line = {"t": time.time(), "event": event.get("kind", "finished"), "to": receiver["name"], **outcome}
+        with open(os.path.join(layout.pipeline, LOG), "a") as log:  # one whole line per write
+            log.write(json.dumps(line) + "\n")
+
+
+def start(layout: jobrunner.Layout, event: dict) -> None:
+    """Notify in a process of its own, never waited for (the driver goes on to autostop at once)."""
+    import subprocess  # here, not above: only a pipeline's end starts one
+
+    if not (jobrunner.read_json(os.path.join(layout.pipeline, "plan.json")) or {}).get("notify"):
+        return
+    argv = [sys.executable, os.path.abspath(__file__), layout.root, json.dumps(event)]
+    with open(os.devnull, "wb") as quiet:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=quiet, stderr=quiet, start_new_session=True)
+
+
+def recent(layout: jobrunner.Layout, count: int = 5) -> list[dict]:
+    """The last notifications' outcomes, for fab status."""
+    try:
+        with open(os.path.join(layout.pipeline, LOG)) as f:
+            lines = f.read().splitlines()[-count:]
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            found.append(json.loads(line))
+        except ValueError:
+            continue
+    return found
+
+
+if __name__ == "__main__":
+    os.umask(0o077)
+    notify(jobrunner.Layout(os.path.expanduser(sys.argv[1])), json.loads(sys.argv[2]))
