@@ -37,6 +37,8 @@ def steady_grader_pool() -> None:
     batch of another size costs a rebuild, 25-30 s on a TPU host. A live pool is kept, whatever size a later
     call asks for (0.2.4 on sizes it by the CPUs alone, so nothing changes there); one that timed out and was
     shut down is built again as before."""
+    import multiprocessing.pool  # noqa: F401  0.2.5's module names it in an annotation without importing it
+
     try:
         grader = importlib.import_module(GRADER_POOL)  # standard library only; train_rl imports it anyway
     except ImportError:  # another module's MaxText, or none

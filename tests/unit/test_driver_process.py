@@ -216,7 +216,11 @@ def test_a_driver_that_keeps_dying_mid_pipeline_is_revived_at_most_three_times_a
     jobrunner.write_json(os.path.join(layout.pipeline, driver.PLAN), {"digest": "d1"})  # no jobs: the driver dies
     answers = [_tool(layout, "revive") for _ in range(driver.REVIVALS + 2)]
     assert ["did not start" in a.get("error", "") for a in answers] == [True] * driver.REVIVALS + [False] * 2
-    assert driver.read_json(os.path.join(layout.pipeline, driver.REVIVED)) == {"digest": "d1", "count": 3}
+    assert driver.read_json(os.path.join(layout.pipeline, driver.REVIVED)) == {
+        "digest": "d1",
+        "count": 3,
+        "notified": True,
+    }
     assert "error" in _tool(layout, "wake")  # a fab command still tries (and shows why it fails)
 
 
