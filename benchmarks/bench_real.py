@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -59,10 +61,9 @@ def word(text: str, steps: int) -> str:
     return "$HOME/" + shlex.quote(text[2:]) if text.startswith("~/") else shlex.quote(text)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fresh-venv", action="store_true", help="build the environment anew, to time the install")
-    options = parser.parse_args()
+@contextmanager
+def cpu_fab(venv: Path = VENV) -> Iterator[Fab]:
+    """fab against the CPU tier's loopback host and the Hub stand-in, the jobs' environment in `venv`."""
     with tempfile.TemporaryDirectory() as directory, loopback_host(Path(directory) / "sshd", HOST_ENV) as host:
         tmp = Path(directory)
         hub, server = hubstub.serve()
@@ -70,12 +71,22 @@ def main() -> None:
         hub.tokens[token] = hubstub.Token()
         jobs = tmp / "jobs"
         write_test_jobs(jobs, tmp, [])
-        env = environment()
-        venv = tmp / "venv" if options.fresh_venv else VENV
-        env["venv"] = str(venv)
+        env = {**environment(), "venv": str(venv)}
         edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=env))
         edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True))
-        fab = Fab(host, tmp, token, jobs, hub)
+        try:
+            yield Fab(host, tmp, token, jobs, hub)
+        finally:
+            server.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fresh-venv", action="store_true", help="build the environment anew, to time the install")
+    options = parser.parse_args()
+    venv = Path(tempfile.mkdtemp()) / "venv" if options.fresh_venv else VENV
+    with cpu_fab(venv) as fab:
+        tmp = fab.tmp
         setup = timed(fab, "setup")
         inputs = tmp / "inputs"
         subprocess.run([venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
@@ -84,7 +95,6 @@ def main() -> None:
         timed(fab, "train", *base, "--arg", f"vars.work_dir={tmp}/warm", "--run-name", "warm")  # caches, prefetch
         manual = by_hand(fab, [*base, "--arg", f"vars.work_dir={tmp}/manual", "--run-name", "manual"], steps)
         with_fab = timed(fab, "train", *base, "--arg", f"vars.work_dir={tmp}/fab", "--run-name", "fab")
-        server.shutdown()
     print(f"fab setup ({'fresh venv: the install from PyPI' if options.fresh_venv else 'cached venv'})  {setup:7.1f} s")
     print(f"convert, train, export by hand over plain ssh                  {manual:7.1f} s")
     print(f"the same through fab train                                     {with_fab:7.1f} s")

@@ -114,19 +114,26 @@ def redact(text: str) -> str:
 
 
 def require(names_by_source: dict[str, list[str]]) -> dict[str, str]:
-    """The values of every secret the job files declare; one error listing all that are missing."""
-    values, problems = {}, []
+    """The values of every secret the job files declare; one line for each that is missing, naming every
+    file that declares it."""
+    values: dict[str, str] = {}
+    missing: dict[str, list[str]] = {}
     for source, names in names_by_source.items():
         for name in names:
             if (value := lookup(name)) is None:
-                problems.append(
-                    Problem(source, "secrets", f"{name} is required but not set: {KNOWN.get(name, 'unknown secret')}")
-                )
+                missing.setdefault(name, []).append(source)
             else:
                 values[name] = value
-    if problems:
-        raise UserError(problems)
+    if missing:
+        raise UserError([_missing(name, sources) for name, sources in missing.items()])
     return values
+
+
+def _missing(name: str, sources: list[str]) -> Problem:
+    why = f"{name} is required but not set: {KNOWN.get(name, 'unknown secret')}"
+    if len(sources) > 1:
+        why += f" (also in {', '.join(Path(source).name for source in sources[1:])})"
+    return Problem(sources[0], "secrets", why)
 
 
 def available(names_by_source: dict[str, list[str]]) -> dict[str, str]:

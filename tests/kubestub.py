@@ -405,7 +405,7 @@ def serve() -> tuple[Kube, list[ThreadingHTTPServer]]:
         tls.load_cert_chain(cert, key)
         with open(cert) as f:
             kube.ca = f.read()
-    pods = ThreadingHTTPServer(("127.0.0.1", 0), _handler(kube, from_pods=True))
+    pods = stubserver.QuietServer(("127.0.0.1", 0), _handler(kube, from_pods=True))
     pods.socket = tls.wrap_socket(pods.socket, server_side=True)
     kube.api_url = f"https://127.0.0.1:{pods.server_address[1]}"
     threading.Thread(target=pods.serve_forever, daemon=True).start()

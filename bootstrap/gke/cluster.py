@@ -57,8 +57,7 @@ class Cluster:
             api = config.new_client_from_config(context=context)
         except (config.ConfigException, FileNotFoundError):
             raise UserError(
-                f"no kubeconfig context {context}: run gcloud container clusters get-credentials "
-                "(README.md, Bigger slices)"
+                f"no kubeconfig context {context}: run gcloud container clusters get-credentials (docs/gke.md)"
             ) from None
         self.name, self.bucket = context, bucket
         self.core = client.CoreV1Api(api)

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
+from dataclasses import dataclass
 
 from .. import secrets
 from ..errors import Problem
 from . import schedule
-from .load import DEFERRED, Pipeline
+from .load import DEFERRED, Origin, Pipeline
 from .schema import MaxText, load, supported
 
 TOKEN_ARG = (
     "the token is never passed as an argument (`ps` on the VM, spec.json and fab plan would show it); fab gives "
     "it to the job through its environment: declare `secrets: [HF_TOKEN]` and set HF_TOKEN or run `hf auth login`"
 )
+VAR_ONLY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")  # a value that is one shared variable, as written
 BOOL_WORDS = {"true", "false", "1", "0", "yes", "no"}
 BOOL_WORDS_TRUE = {"true", "1", "yes"}
 # Keys renamed between supported versions: the old spelling -> (the version that renamed it, the new one).
@@ -231,11 +234,48 @@ def check_secret_values(pipeline: Pipeline, values: dict[str, str]) -> list[Prob
     return list(found.values())
 
 
+@dataclass(frozen=True)
+class _VarOrigin:
+    """A job's value that is one ${NAME}: its problem is the vars line's (or --arg's) that set it."""
+
+    origin: Origin
+    name: str
+    job: str
+
+    def problem(self, key: str, message: str) -> Problem:
+        return self.origin.problem(f"vars.{self.name}", f"{message} (as {self.job}'s {key})")
+
+
+def _blaming_vars(pipeline: Pipeline, job):
+    """job.origin, except that a problem with the value of a known key, written in the job file as just ${NAME},
+    is blamed on where NAME was set (a misspelt key, or a value given with --arg, stays the job's)."""
+    shared = pipeline.doc.data.get("vars") or {}
+
+    def origin(*path: str):
+        raw = job.doc.data
+        for part in path:
+            raw = raw.get(part) if isinstance(raw, dict) else None
+        found = VAR_ONLY.fullmatch(raw) if isinstance(raw, str) else None
+        known = path[:1] != ("args",) or _known_key(pipeline.maxtext, job.spec.module, path[-1])
+        if found and found[1] in shared and known and tuple(path) not in job.doc.overridden:
+            return _VarOrigin(pipeline.doc.origin("vars", found[1]), found[1], job.name)
+        return job.origin(*path)
+
+    return origin
+
+
+def _known_key(maxtext: MaxText, module: str, key: str) -> bool:
+    config = maxtext.config(module)
+    head, dot, tail = key.partition(".")
+    return tail in config["nested"].get(head, {}) if dot else key in config["fields"]
+
+
 def check_pipeline(pipeline: Pipeline) -> list[Problem]:
     problems = _check_hf_model(pipeline)
     for job in pipeline.jobs.values():
         if job.spec.module:
-            problems += check_job_args(pipeline.maxtext, job.spec.module, job.spec.args, job.spec.flags, job.origin)
+            origin = _blaming_vars(pipeline, job)
+            problems += check_job_args(pipeline.maxtext, job.spec.module, job.spec.args, job.spec.flags, origin)
         problems += [
             job.origin("secrets").problem(
                 "secrets", f"unknown secret {secret!r}; fab can provide {', '.join(secrets.KNOWN)}"

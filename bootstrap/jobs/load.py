@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import hashlib
 import json
 import re
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..errors import Problem, UserError
 from ..remote.jobrunner import Layout
 from . import accelerator, schedule, schema, yamlfile
 from .accelerator import Accelerator
-from .spec import JOB_NAME, JobSpec, PipelineSpec
+from .spec import JOB_NAME, PATTERN_WORDS, JobSpec, PipelineSpec
 
 PIPELINE_FILE = "pipeline.yaml"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -136,6 +138,24 @@ def with_keys(jobs: list[RenderedJob]) -> list[RenderedJob]:
     return [dataclasses.replace(_with_known_keys(job, keys), key=keys[job.name]) for job in jobs]
 
 
+def _keys_at(model, path: tuple[str, ...]) -> list[str]:
+    """The keys the schema allows at `path` under `model` (for a "did you mean"); [] where it cannot tell."""
+    for part in path:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        inner = (
+            [t for t in _types(field.annotation) if isinstance(t, type) and issubclass(t, BaseModel)] if field else []
+        )
+        if not inner:
+            return []
+        model = inner[0]
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _types(annotation) -> list:
+    """An annotation and every type inside it (list[X], X | None, dict[K, V], Annotated[X, ...])."""
+    return [annotation, *(t for arg in typing.get_args(annotation) for t in _types(arg))]
+
+
 def _validate(model, doc: Loaded, problems: list[Problem]):
     try:
         return model.model_validate(doc.data)
@@ -144,7 +164,10 @@ def _validate(model, doc: Loaded, problems: list[Problem]):
             path = tuple(str(p) for p in e["loc"] if p != "[key]")
             message = e["msg"].removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
-                message = "unknown key (not part of the schema)"
+                close = difflib.get_close_matches(path[-1], _keys_at(model, path[:-1]), n=1, cutoff=0.7)
+                message = "unknown key (not part of the schema)" + (f"; did you mean {close[0]}?" if close else "")
+            elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] in PATTERN_WORDS:
+                message = f"{e['input']!r} is not {PATTERN_WORDS[e['ctx']['pattern']]}"
             elif "[key]" in e["loc"]:
                 message = "not a valid name (letters, digits and _, not starting with a digit)"
             problems.append(doc.origin(*path).problem(".".join(path), message))
@@ -166,6 +189,10 @@ def _apply_overrides(overrides: list[str], pipeline: Loaded, jobs: dict[str, Loa
         if name == "vars":
             pipeline.data.setdefault("vars", {})[key] = value
             pipeline.overridden[("vars", key)] = option
+            continue
+        if name not in jobs and name in PipelineSpec.model_fields:
+            where = f"{pipeline.path.name} ({name}: {key})"
+            problems.append(Problem(option, name, f"set in {where}, not with --arg (JOB.KEY or vars.NAME)"))
             continue
         if name not in jobs:
             problems.append(Problem(option, name, f"no such job; use one of {', '.join(jobs)} or vars"))

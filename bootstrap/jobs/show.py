@@ -40,7 +40,7 @@ def _schedule_dict(lr: Schedule) -> dict:
     return {**asdict(lr), "highest": lr.highest, "last": lr.rate(lr.train_steps)}
 
 
-def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
+def plan_dict(plan: Plan, record: RunRecord | None, estimate: dict | None = None) -> dict:
     jobs = [
         {
             **job.rendered.to_dict(),
@@ -66,6 +66,7 @@ def plan_dict(plan: Plan, record: RunRecord | None) -> dict:
         "accelerator": accelerator,
         "environment": setup,
         "jobs": jobs,
+        "estimate": estimate,
     }
 
 
@@ -99,7 +100,7 @@ def _validate_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def plan_text(plan: Plan, record: RunRecord | None) -> str:
+def plan_text(plan: Plan, record: RunRecord | None, estimate: list[str] = ()) -> str:
     info = _run_info(plan, record)
     lines = [f"run: {info['name'] or '<new>'} ({info['note']})", f"chips: {plan.accelerator.line()}"]
     if info.get("last_seen"):
@@ -125,4 +126,5 @@ def plan_text(plan: Plan, record: RunRecord | None) -> str:
             *([f"   lr:      {planned.lr_schedule.line()}"] if planned.lr_schedule else []),
         ]
     lines += ["", "${hostname} and ${latest_step:DIR} are looked up on the VM when the job starts."]
+    lines += ["", *estimate] if estimate else []
     return "\n".join(lines)

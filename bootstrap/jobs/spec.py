@@ -7,9 +7,35 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
 
-# Names that reach a shell or an environment: checked here so that nothing odd is ever quoted wrong.
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+# Each pattern a value must match, and what it means in words: an error names the words, never the pattern.
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 JOB_NAME = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+PACKAGE = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$"
+EXPECTED = r"^(maxtext|==[A-Za-z0-9.+!_-]{1,64})$"
+CONFLICT = r"^The package `"
+PYTHON = r"^3\.[0-9]{1,2}(\.[0-9]{1,2})?$"
+ACCELERATOR = r"^(auto|host|cpu|v6e-(1|4|8))$"
+AUTOSTOP = r"^(auto|off|[1-9][0-9]{0,3}[smh])$"
+GCS = r"^(|stack|gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\s]*)?)$"
+NOTIFY = r"^[A-Za-z_][A-Za-z0-9_]{0,63}(:(json|slack|discord|ntfy))?$"
+IMAGE = r"^([a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?)?$"
+PATTERN_WORDS = {
+    ENV_NAME: "an environment variable's name: letters, digits and _, not starting with a digit",
+    JOB_NAME: "a job name: letters, digits, _ and -, starting with a letter",
+    PACKAGE: "a package's name as PyPI spells it (google-tunix)",
+    EXPECTED: "maxtext (MaxText's own pin) or ==VERSION",
+    CONFLICT: "a line of `uv pip check` as it prints it (The package `...` requires ...)",
+    PYTHON: "a Python version such as 3.12",
+    ACCELERATOR: "auto, host, cpu, v6e-1, v6e-4 or v6e-8",
+    AUTOSTOP: "auto, off, or a time such as 30m or 2h (s, m or h, up to 4 digits)",
+    GCS: "empty (no bucket copy), stack (the Pulumi stack's results bucket) or gs://BUCKET/PREFIX (BUCKET: 3 to 63 "
+    "lower-case letters, digits, -, _ and .)",
+    NOTIFY: "NAME or NAME:KIND: an environment variable's name, KIND one of json, slack, discord, ntfy",
+    IMAGE: "an image reference such as us-docker.pkg.dev/PROJECT/REPO/NAME:TAG",
+}
+
+# Names that reach a shell or an environment: checked here so that nothing odd is ever quoted wrong.
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME)]
 JobName = Annotated[str, StringConstraints(pattern=JOB_NAME)]
 SAFE_PATH = re.compile(r"(~/|/)?[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*/?")
 
@@ -69,23 +95,23 @@ class JobSpec(Strict):
 
 
 # A distribution's name as PyPI spells it (google-tunix, tpu-inference).
-PackageName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")]
+PackageName = Annotated[str, StringConstraints(pattern=PACKAGE)]
 # Where a checked package's version comes from: MaxText's own pin (remote/envcheck.py MAXTEXT_PINS), or ==VERSION.
-ExpectedVersion = Annotated[str, StringConstraints(pattern=r"^(maxtext|==[A-Za-z0-9.+!_-]{1,64})$")]
+ExpectedVersion = Annotated[str, StringConstraints(pattern=EXPECTED)]
 ROLLOUT_PACKAGES = {"google-tunix": "maxtext", "tpu-inference": "maxtext", "vllm": "maxtext"}
 
 
 class AcceptedConflict(Strict):
     """One line of `uv pip check` that the environment's own install is known to leave, and why it is harmless."""
 
-    conflict: str = Field(min_length=1, pattern=r"^The package `")
+    conflict: str = Field(min_length=1, pattern=CONFLICT)
     why: str = Field(min_length=1)
 
 
 class EnvironmentSpec(Strict):
     """The Python environment `fab setup` builds; its hash (of what is built, not what is checked) is the stamp."""
 
-    python: str = Field("3.12", pattern=r"^3\.[0-9]{1,2}(\.[0-9]{1,2})?$")
+    python: str = Field("3.12", pattern=PYTHON)
     venv: Folder = "maxtext_venv"
     packages: list[Annotated[str, StringConstraints(min_length=1)]] = Field(min_length=1)
     install_options: list[str] = []
@@ -115,7 +141,7 @@ class VmSpec(Strict):
     startup_log: Folder = "/var/log/tpu-rl-startup.log"
     # What the jobs run on, one setting (jobs/accelerator.py): auto (the stack's tpu-rl:machineType), v6e-1, v6e-4,
     # v6e-8, host (a -H host's own TPU environment: then chips and chip_kind say what JAX must see), or cpu (no TPU).
-    accelerator: str = Field("auto", pattern=r"^(auto|host|cpu|v6e-(1|4|8))$")
+    accelerator: str = Field("auto", pattern=ACCELERATOR)
     chips: int | None = Field(None, ge=1, le=256)  # with accelerator: host, the chips JAX must see
     chip_kind: str | None = Field(None, min_length=1, max_length=64)  # with host, their device_kind ("TPU v5 lite")
     chip_glob: str = "/dev/vfio/[0-9]*"
@@ -125,8 +151,11 @@ class VmSpec(Strict):
     validate_args: bool = True
     check_environment: bool = True  # the environment proven beside the validator (remote/envcheck.py)
     # Shut the VM down once every job is done and no fab command came for this long: "auto" (by the
-    # stack's provisioning model, README: Autostop), "off", or a time such as 30m, 2h.
-    autostop: str = Field("auto", pattern=r"^(auto|off|[1-9][0-9]{0,3}[smh])$")
+    # stack's provisioning model, docs/recovery.md: Autostop), "off", or a time such as 30m, 2h.
+    autostop: str = Field("auto", pattern=AUTOSTOP)
+    # What a chip-hour costs you, for fab plan's estimate; unset: the list price of the stack's provisioning model
+    # where one is known (results/estimate.py), else no cost is shown
+    price_per_chip_hour: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = None
     autostop_command: list[Annotated[str, StringConstraints(min_length=1)]] = Field(
         ["sudo", "-n", "shutdown", "-h", "now"], min_length=1
     )
@@ -145,16 +174,14 @@ class ResultsSpec(Strict):
     hub_repo: str = ""  # e.g. you/llama3.1-8b-instruct-grpo
     hub_private: bool = True
     # "stack": the Pulumi stack's bucket (tpu-rl:resultsBucket), or gs://BUCKET/PREFIX
-    gcs: str = Field("", pattern=r"^(|stack|gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\s]*)?)$")
+    gcs: str = Field("", pattern=GCS)
     # When the Hub copy is made (remote/evals.py gate): "improved" (after training above before by more than the
     # noise of that many problems), "always", or the lowest GSM8K accuracy in % after training
     publish_if: Literal["improved", "always"] | Annotated[float, Field(ge=0, le=100)] = "improved"
     # Who hears when the pipeline ends or needs you: each an environment variable on this machine that holds a
     # webhook URL (a secret: fab puts it on the VM as it puts the token), NAME or NAME:KIND (json, slack,
     # discord, ntfy; by default told by the URL's host)
-    notify: list[
-        Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}(:(json|slack|discord|ntfy))?$")]
-    ] = []
+    notify: list[Annotated[str, StringConstraints(pattern=NOTIFY)]] = []
 
     @field_validator("hub_repo")
     @classmethod
@@ -176,7 +203,7 @@ class ResultsSpec(Strict):
 class GkeSpec(Strict):
     """The gke backend's container image: MaxText with the post-training dependencies."""
 
-    image: str = Field("", pattern=r"^([a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?)?$")
+    image: str = Field("", pattern=IMAGE)
 
 
 class PipelineSpec(Strict):

@@ -171,6 +171,19 @@ def result_line(result: dict) -> str:
     return line
 
 
+def resumes(evals: list[dict]) -> list[str]:
+    """What each resume of train kept and changed (proven on the CPU tier, tests/maxtext_cpu/test_real_loss.py,
+    for MaxText 0.2.3 and 0.2.5): tunix skips the batches the restored steps trained and the data order is
+    fixed by its seed, so the batches, step numbers and rates are the uninterrupted run's; vLLM's TPU backend
+    takes no per-request seed, so the completions after the resume are drawn anew."""
+    return [
+        f"resumed at step {e['step']}: the batches, step numbers and learning rates of a run never stopped; its "
+        "completions after it sampled anew (vLLM's random state is not in the checkpoint)"
+        for e in evals
+        if e["phase"] == "resumed"
+    ]
+
+
 def warnings(result: dict) -> list[str]:
     """What a practitioner would point out, one line each with its numbers: the format learned instead of the
     task, and a model worse than the one it was trained from."""

@@ -219,6 +219,17 @@ def flat_rewards(series: Series) -> str | None:
     )
 
 
+def split_line(split: dict) -> str:
+    """Where train's time went (results/timing.py), in one line."""
+    steps = split["steps"] * split["step_s"]
+    evals = split["evals"] * split["eval_s"]
+    return (
+        f"start-up {split['startup_s']:.0f} s (load, compile, first eval), {split['steps']} steps x "
+        f"{split['step_s']:.2f} s = {steps:.0f} s, {split['evals']} evals x {split['eval_s']:.1f} s = {evals:.0f} s, "
+        f"checkpoint saves {split['saves_s']:.1f} s; {split['total_s']:.0f} s in all"
+    )
+
+
 def summarize(record, path: Path, losses: dict, series: Series | None = None) -> dict:
     """Per-job durations, evals, durable copies and what losses cost train: what to compare with the next run."""
     jobs = {name: {"state": info.get("state"), "minutes": minutes(info)} for name, info in record.jobs.items()}
@@ -232,6 +243,7 @@ def summarize(record, path: Path, losses: dict, series: Series | None = None) ->
         "warnings": [*(evals.warnings(result) if result else []), *([flat] if flat else [])],
         "results": record.results,
         "train_losses": losses,
+        "time_split": record.timing,
     }
     path.write_text(json.dumps(summary, indent=1))
     return summary

@@ -34,7 +34,7 @@ def current_run() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-FIELDS = ("name", "jobs", "evals", "results", "machine", "settings", "chips")
+FIELDS = ("name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate")
 
 
 @dataclass
@@ -46,14 +46,19 @@ class RunRecord:
     machine: str = ""  # the VM (host and state folder) the run was last handed to (vm.machine.Vm.identity)
     settings: list[str] | None = None  # the --arg overrides it was last run with (None: not yet run here)
     chips: int = 0  # the VM's TPU chips, billed while it runs
+    timing: dict | None = None  # where train's time went (results/timing.py), its work and shape (estimate.py)
+    estimate: dict | None = None  # what fab estimated when the run started (results/estimate.py)
 
     @property
     def folder(self) -> Path:
         return runs_dir() / self.name
 
-    def note_job(self, name: str, status) -> None:
-        """Keep a job's final state (a machine.JobStatus) for fab metrics' summary."""
+    def note_job(self, name: str, status, job_dir: str = "", ran: bool = True) -> None:
+        """Keep a job's final state (a machine.JobStatus) for fab metrics' summary and the next estimate
+        (`ran`: False for a job done already, whose times are an earlier run's)."""
         self.jobs[name] = {
+            "job_dir": job_dir,
+            "ran": ran,
             "state": status.state.value,
             "started": status.started,
             "finished": status.finished,
@@ -81,6 +86,7 @@ class RunRecord:
             self.results = {**disk.results, **self.results}
             self.evals = self.evals or disk.evals
             self.machine, self.chips = self.machine or disk.machine, self.chips or disk.chips
+            self.timing, self.estimate = self.timing or disk.timing, self.estimate or disk.estimate
             self.settings = self.settings if self.settings is not None else disk.settings
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))

@@ -67,6 +67,14 @@ def _hours(starts: list[float], ends: list[float], chips: int) -> float | None:
     return round((max(ends) - min(starts)) / 3600 * chips, 2) if starts and ends and chips else None
 
 
+def _estimated(record: RunRecord | None) -> dict | None:
+    """What fab estimated when the run started (results/estimate.py): seconds, chip-hours, cost."""
+    found = record.estimate if record else None
+    if not found:
+        return None
+    return {key: found[key] for key in ("low_s", "high_s", "chip_hours", "cost", "price_per_chip_hour", "unknown")}
+
+
 def _state(jobs: dict[str, dict], bucket: dict) -> str:
     unfinished = [f"{name} {job['state']}" for name, job in jobs.items() if job.get("state") != "done"]
     if jobs:
@@ -113,6 +121,8 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
         "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
         "mean_reward": result.get("mean_reward_after"),
         "chip_hours": _hours(starts, ends, (record.chips if record else 0) or vm.get("chips") or chips),
+        "took_s": round(max(ends) - min(starts)) if starts and ends else None,
+        "estimate": _estimated(record),
         "checkpoint_step": bucket["steps"][-1] if bucket.get("steps") else None,
         "train_starts": len(bucket.get("attempts", [])) or None,
         "kept": _kept(record, vm, bucket, host),

@@ -42,11 +42,14 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     pipeline = check_local(files, arg or [])
     name = check_run_name(run_name) if run_name is not None else runs.current_run()
     user = getattr(c, "user", None)  # -H's (a Connection); else the stack's
-    machine_type = None
+    machine_type = provisioning = None
     if stack:
         from ..gke.stack import read, slice_of  # the Pulumi SDK takes a tenth of a second to import: only here
 
         settings = read(stack)
+        if pipeline.spec.results.gcs == "stack" and not settings.results_bucket:
+            why = f"'stack', but Pulumi.{stack}.yaml sets no tpu-rl:resultsBucket: set one, or give gs://BUCKET/PREFIX"
+            raise UserError([pipeline.doc.origin("results", "gcs").problem("results.gcs", why)])
         target = slice_of(settings, pipeline.spec)
         if target:
             merged = gke_session().overrides(files, target, arg or [])
@@ -60,10 +63,18 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
                 print(note + yaml.safe_dump_all(manifests, sort_keys=False))
             return
         user, machine_type = user or settings.ssh_user, settings.machine_type
+        provisioning = settings.provisioning_model
     durable = durable_overrides(pipeline.spec, None, offline=True)
     built = build(files, [*durable, *(arg or [])], name or PLACEHOLDER_RUN, user, machine_type)
     record = runs.RunRecord.load(name) if name else None
-    print(json.dumps(plan_dict(built, record), indent=1) if json_ else plan_text(built, record))
+    from ..results.estimate import estimate
+
+    expected = estimate(built, provisioning)
+    print(
+        json.dumps(plan_dict(built, record, expected.to_dict()), indent=1)
+        if json_
+        else plan_text(built, record, expected.lines())
+    )
 
 
 @task(iterable=["arg"], help={"arg": ARG_HELP, "python": "a Python 3.12 with maxtext importable"})
@@ -79,17 +90,21 @@ def check(c, arg=None, python="python3"):
     built = build(files, arg or [], runs.current_run() or "check")
     _require_maxtext(python, built.maxtext_version)
     words = validation_args(built.rendered)
-    console.print("checking every job with MaxText's own validator (about 10 s to import MaxText) ...")
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     script = REPO / "bootstrap" / "remote" / "maxtext_check.py"
-    result = subprocess.run([python, str(script), *words], capture_output=True, text=True)
+    columns = (SpinnerColumn(), TextColumn("checking every job with MaxText's own validator"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        progress.add_task("validate", total=None)
+        result = subprocess.run([python, str(script), *words], capture_output=True, text=True)
     console.print(result.stdout.strip() or result.stderr.strip()[-500:], markup=False, highlight=False)
     if result.returncode != 0:
         sys.exit(2)
 
 
 def _require_maxtext(python: str, version: str) -> None:
-    """The validator's Python has the maxtext the jobs install (found in milliseconds, before MaxText's 10 s
-    import): another version's validator would judge the jobs by other keys."""
+    """The validator's Python has the maxtext the jobs install (found in milliseconds, before MaxText's
+    import, half a minute on 2 cores): another version's validator would judge the jobs by other keys."""
     build_one = (
         f'a Python 3.12 with maxtext {version} is built by: fab check --python "$(python '
         f'scripts/maxtext_config_env.py {version})"'

@@ -5,6 +5,7 @@ Each imports what it needs once its session is open (tasks/common.py says why).
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 
@@ -89,10 +90,12 @@ def _clock(ts):
     return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
 
 
-@task(iterable=["arg"], help=RUN_OPTIONS)
+@task(iterable=["arg"], help={**RUN_OPTIONS, "json": "print JSON for scripts: the lines, then each job's state"})
 @reports_errors
-def status(c, arg=None, run_name=None):
+def status(c, arg=None, run_name=None, json_=False):
     """Show the VM's pipeline (running, done or failed, since when, autostop) and each job of the run."""
+    if json_:
+        console.file = sys.stderr  # stdout is the JSON alone: what opening the session says goes to stderr
     session = open_session(c, arg or [], run_name, runs_jobs=False, reads_states=True)
     from rich.table import Table
 
@@ -108,12 +111,18 @@ def status(c, arg=None, run_name=None):
         from ..gke import driving  # a gke stack only
 
         lines = driving.status_lines(session)
-    for line in [*lines, *result_lines(session.record.evals)]:
+    lines += result_lines(session.record.evals)
+    states = session.vm.states([job.job_dir for job in session.plan.jobs])
+    if json_:
+        jobs = [{"job": job.name, **state.to_json()} for job, state in zip(session.plan.jobs, states, strict=True)]
+        found = {"run": session.plan.run_name, "vm": session.vm.name, "lines": lines, "jobs": jobs}
+        print(json.dumps({**found, "pipeline": getattr(session.vm, "pipeline", None)}, indent=1))
+        return
+    for line in lines:
         console.print(line, markup=False, highlight=False)
     table = Table(title=f"run {session.plan.run_name} on {session.vm.name}")
     for column in ("job", "state", "started", "duration", "outputs"):
         table.add_column(column)
-    states = session.vm.states([job.job_dir for job in session.plan.jobs])
     for job, state in zip(session.plan.jobs, states, strict=True):
         took = runs.minutes({"started": state.started, "finished": state.finished})
         outputs = "\n".join(state.outputs or state.missing) or "-"

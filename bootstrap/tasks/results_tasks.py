@@ -50,6 +50,9 @@ def fetch_metrics(c, arg=None, run_name=None):
     metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
     (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
     losses = metrics.loss_cost(metrics.attempts(events, starts))
+    if record.timing is None:  # a run no fab command watched to its end: from train's log on the VM
+        record.timing = _timing(session, train)
+        record.save()
     summary = metrics.summarize(record, folder / "summary.json", losses, series)
     steps = max((max(v) for v in series.values() if v), default=0)
     console.print(f"{len(series)} metrics over {steps} steps, {len(record.evals)} evals")
@@ -60,6 +63,8 @@ def fetch_metrics(c, arg=None, run_name=None):
             f"cost at least {losses['steps_redone']} steps trained again ({losses['minutes_redone']:.1f} min) and "
             f"{losses['minutes_restarting']:.1f} min of starting again"
         )
+    if summary["time_split"]:
+        console.print(f"train's time: {metrics.split_line(summary['time_split'])}", markup=False, highlight=False)
     if summary["result"]:
         console.print(f"result: {summary['result']['line']}", markup=False, highlight=False)
     for warning in summary["warnings"]:
@@ -134,7 +139,19 @@ def list_runs(c, json_=False):
         console.print(f"no runs recorded in {runs_dir()}{f' or on {host}' if host else ''} yet: fab train starts one")
         return
     table = Table(title=f"runs recorded in {runs_dir()}{f', on {host} and in its bucket' if host else ''}")
-    columns = ("run", "known", "started", "state", "settings", "accuracy %", "format %", "reward", "chip-h", "model")
+    columns = (
+        "run",
+        "known",
+        "started",
+        "state",
+        "settings",
+        "accuracy %",
+        "format %",
+        "reward",
+        "took (est.)",
+        "chip-h (est.)",
+        "model",
+    )
     for column in columns:
         table.add_column(column)
     for row in rows:
@@ -147,10 +164,36 @@ def list_runs(c, json_=False):
             _pair(row["accuracy"], ".1f"),
             _pair(row["format_accuracy"], ".0f"),
             f"{row['mean_reward']:.3f}" if row["mean_reward"] is not None else "-",
-            f"{row['chip_hours']:.2f}" if row["chip_hours"] is not None else "-",
+            _against_estimate(row),
             "\n".join(row["kept"].values()) or ("-" if found else "VM only"),
         )
     console.print(table)
+
+
+def _timing(session, train) -> dict | None:
+    """Where train's time went (results/timing.py), from its log's last attempt on the VM; None before 2 steps."""
+    from ..remote import jobrunner
+    from ..results import estimate, timing
+
+    planned = next(job for job in session.plan.jobs if job.name == train.name)
+    text = session.vm.read_text(f"{planned.job_dir}/{jobrunner.LOG}")
+    split = timing.from_log(text) if text else None
+    return estimate.measured(split, train.argv[3:], session.plan) if split else None
+
+
+def _against_estimate(row: dict) -> str:
+    """fab runs' time cell: what the run took and its chip-hours, and under them what fab estimated."""
+    from ..results.estimate import duration, span
+
+    cell = "\n".join(
+        [
+            *([duration(row["took_s"])] if row["took_s"] is not None else []),
+            *([f"{row['chip_hours']:.2f} chip-h"] if row["chip_hours"] is not None else []),
+        ]
+    )
+    if expected := row["estimate"]:
+        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])})"
+    return cell or "-"
 
 
 def _listed(c, files: load.JobFiles, say) -> tuple[dict, str, Callable, int]:

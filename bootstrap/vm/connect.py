@@ -29,6 +29,7 @@ CONNECT_TIMEOUT_SECONDS = 15
 KEEPALIVE_SECONDS = 30
 # paramiko logs a failed handshake itself ("Exception (client): ..."); fab says it once, in its own words.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+DEFAULT_USER = "tpu-rl"  # tpu-rl:sshUser's default (infra/settings.py)
 MULTI_HOST = (
     "the SSH backend drives one VM, but {count} hosts were given ({hosts}). MaxText 0.2.3 runs multi-host GRPO "
     "only through Pathways on GKE; use the GKE backend for slices bigger than one VM"
@@ -37,7 +38,10 @@ MULTI_HOST = (
 
 def stack_outputs() -> dict:
     if shutil.which("pulumi") is None:
-        raise UserError("no VM: pass -H user@host, or install the Pulumi CLI so fab can read the stack's outputs")
+        raise UserError(
+            f"no VM: pass -H {DEFAULT_USER}@VM_IP (the VM's user is tpu-rl:sshUser, default {DEFAULT_USER}; -H VM_IP "
+            "alone logs in as your laptop's user), or install the Pulumi CLI so fab can read the stack's outputs"
+        )
     result = subprocess.run(["pulumi", "stack", "output", "--json"], cwd=REPO, capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(
@@ -163,7 +167,8 @@ def _open(conn: Connection) -> Connection:
         ) from None
     except paramiko.AuthenticationException:
         raise UserError(
-            f"{where}: the VM refused the SSH key (is tpu-rl:sshPublicKey the key you log in with? pass it with -i KEY)"
+            f"{where}: the VM refused {conn.user}'s SSH key (the VM's user is tpu-rl:sshUser, default {DEFAULT_USER}: "
+            f"-H {DEFAULT_USER}@{conn.host}; is tpu-rl:sshPublicKey the key you log in with? pass it with -i KEY)"
         ) from None
     except (NoValidConnectionsError, ConnectionRefusedError):
         raise UserError(

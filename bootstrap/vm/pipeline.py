@@ -23,13 +23,14 @@ from ..jobs.plan import PlannedJob
 from ..remote import gcs
 from ..remote.driver import PipelineState, clock
 from ..remote.jobrunner import JobState
+from ..results import estimate
 from ..results.publish import DURABLE_PREFIX
 from ..session import Session
 from .machine import ConnectionLost, JobStatus
 from .progress import Board
 from .watch import Watcher
 
-# What a guest shutdown saves, by provisioning model (README: Autostop). Seconds idle, or None: off.
+# What a guest shutdown saves, by provisioning model (docs/recovery.md: Autostop). Seconds idle, or None: off.
 AUTOSTOP_BY_MODEL = {"STANDARD": 1800, "SPOT": 1800, "FLEX_START": 1800, "RESERVATION_BOUND": None}
 UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 MAX_REVIVALS = 3
@@ -213,7 +214,11 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         else:
             console.print(f"pipeline started on {vm.name}; it goes on without this laptop")
         session.record.machine = vm.identity  # a recreated VM of this identity carries the run on (tasks/common.py)
-        session.record.settings, session.record.chips = list(session.overrides), session.plan.accelerator.chips
+        settings = list(session.overrides)
+        if session.record.estimate is None or session.record.settings != settings:  # what it was estimated to take
+            provisioning = (session.stack or {}).get("provisioning_model")
+            session.record.estimate = estimate.estimate(session.plan, provisioning).to_dict()
+        session.record.settings, session.record.chips = settings, session.plan.accelerator.chips
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
             stream.close()

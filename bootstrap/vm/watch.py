@@ -15,6 +15,7 @@ from ..errors import UserError
 from ..jobs.plan import PlannedJob
 from ..remote import evals, jobrunner
 from ..remote.driver import Action, PipelineState
+from ..results import estimate, timing
 from ..results.runs import minutes
 from ..session import Session
 from .machine import JobStatus
@@ -35,6 +36,8 @@ class Watcher:
         self.problems: list[str] = []
         self.outcome: PipelineState | None = None
         self.seen: set[tuple] = set()
+        self.timing: dict[tuple, timing.TrainTiming] = {}  # train's time split, one an attempt (its log)
+        self.skipped: set[str] = set()  # done already (an earlier run's, or shared): not this run's time
 
     def say(self, text: str) -> None:
         self.session.console.print(text, markup=False, highlight=False)
@@ -53,12 +56,20 @@ class Watcher:
         self.seen.add(key)
         if "line" in item:
             self._bar(item["job"]).feed(item["line"])
+            if (
+                self.jobs.get(item["job"])
+                and self.jobs[item["job"]].rendered
+                and self.jobs[item["job"]].rendered.progress
+            ):
+                self.timing.setdefault((item["job"], item.get("log")), timing.TrainTiming()).feed(item["line"])
             return
         event, job = item["event"], item.get("job")
         if event == "decide":
             self.say(item["message"])
             if item["action"] != Action.SKIP.value:
                 self._bar(job)
+            else:
+                self.skipped.add(job)
         elif event == "relaunch":
             self.say(
                 f"{job}: its runner stopped; a new one adopts the job, or runs it again if it had ended unrecorded"
@@ -93,7 +104,10 @@ class Watcher:
     def _end(self, name: str, status: JobStatus) -> None:
         record = self.session.record
         self.ended[name] = status
-        record.note_job(name, status)
+        record.note_job(name, status, self.jobs[name].job_dir if name in self.jobs else "", name not in self.skipped)
+        attempts = [t for (job, _), t in self.timing.items() if job == name]
+        if status.state is jobrunner.JobState.DONE and attempts and (split := attempts[-1].split()) is not None:
+            record.timing = estimate.measured(split, self.jobs[name].rendered.argv[3:], self.session.plan)
         progress = self.progress.get(name)
         if progress is not None and progress.evals:  # its log is read from its start: this attempt's whole list
             record.evals = evals.final(evals.merged(record.evals, progress.evals), progress.total_steps)
@@ -118,6 +132,8 @@ class Watcher:
         if record.evals:
             session.console.print(eval_table(record.evals))
         for line in result_lines(record.evals):
+            session.console.print(line, markup=False, highlight=False)
+        if line := estimate.against(record):
             session.console.print(line, markup=False, highlight=False)
         if self.ended:
             session.console.print(self.summary())

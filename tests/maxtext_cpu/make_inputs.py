@@ -132,6 +132,32 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> dict:
     }
 
 
+LAYER_SHAPES = {  # a Llama decoder layer's matrices, as Hugging Face names them
+    "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+    "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+    "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+    "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+    "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+}
+
+
+def save_llama(folder: Path, embed: np.ndarray, lm_head: np.ndarray, matrix) -> None:
+    """model.safetensors of LAYERS layers: `matrix(name, shape)` gives each layer matrix; the norms are ones."""
+    tensors = {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": np.ones(HIDDEN, np.float32),
+        "lm_head.weight": lm_head,
+    }
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        tensors |= {p + name: matrix(name, shape) for name, shape in LAYER_SHAPES.items()}
+        tensors |= {p + "input_layernorm.weight": np.ones(HIDDEN, np.float32)}
+        tensors |= {p + "post_attention_layernorm.weight": np.ones(HIDDEN, np.float32)}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def write_model(folder: Path, config: dict, tag_ids: list[int]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -143,25 +169,7 @@ def write_model(folder: Path, config: dict, tag_ids: list[int]) -> None:
     embed[:, 0] = CONSTANT_DIRECTION
     lm_head[:, 0] = 0.0
     lm_head[tag_ids, 0] = TAG_BIAS
-    tensors = {
-        "model.embed_tokens.weight": embed,
-        "model.norm.weight": np.ones(HIDDEN, np.float32),
-        "lm_head.weight": lm_head,
-    }
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": weight(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": weight(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": weight(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": weight(HIDDEN, HEADS * HEAD_DIM),
-            p + "mlp.gate_proj.weight": weight(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": weight(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": weight(HIDDEN, INTERMEDIATE),
-            p + "input_layernorm.weight": np.ones(HIDDEN, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(HIDDEN, np.float32),
-        }
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_llama(folder, embed, lm_head, lambda name, shape: weight(*shape))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from bootstrap.remote import gcs, jobrunner
 from bootstrap.remote.driver import PipelineState
+from bootstrap.results import timing
 from tests import gcsemulator
 from tests.loopback import Fab, wait_for
 from tests.maxtext_cpu.conftest import HERE, Release, cpu_fab_at, overrides
@@ -78,6 +79,9 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
         stack.after_up("2002")
         recovered = stack("train", *args, "--recover", timeout=1800)  # as the one-line error says: no --run-name
         assert recovered.returncode == 0, recovered.stdout[-5000:] + recovered.stderr
+        resumed_log = (fab.job_dir("r1", "train") / "log").read_text(errors="replace")
+        whole = stack("train", "--run-name", "whole", *args, timeout=1800)  # the same run, never lost
+        assert whole.returncode == 0, whole.stdout[-5000:] + whole.stderr
         yield {
             "fab": fab,
             "gcs_url": gcs_emulator,
@@ -90,8 +94,43 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
             "at_loss": at_loss,
             "first_log": first_log,
             "out": recovered.stdout,
-            "log": (fab.job_dir("r1", "train") / "log").read_text(errors="replace"),
+            "log": resumed_log,
+            "whole_log": (fab.job_dir("whole", "train") / "log").read_text(errors="replace"),
         }
+
+
+def trained_batches(log: str) -> list[str]:
+    """The batches GRPO trained on, in order, each by its prompts' content (shim/sitecustomize.py says them)."""
+    return re.findall(r"\[shim\] GRPO batch TRAIN (\S+)", log)
+
+
+def test_the_resumed_run_trained_on_the_batches_the_run_never_lost_did(recovery: dict):
+    """tunix skips, on resume, the batches the restored steps consumed (its iterator is fast-forwarded by the
+    checkpoint's step), and the data order is fixed by data_shuffle_seed: the resumed run trains on exactly
+    what the uninterrupted run trained on, step by step; no batch twice, none skipped."""
+    whole = trained_batches(recovery["whole_log"])
+    assert len(whole) == STEPS and len(set(whole)) == STEPS  # distinct batches, so a repeat would show
+    before = trained_batches(recovery["first_log"])
+    after = trained_batches(recovery["log"].split(timing.ATTEMPT)[-1])  # the attempt on the new VM
+    assert before[:LOST_AFTER] == whole[:LOST_AFTER]
+    assert after == whole[LOST_AFTER:]
+    said = f"resumed at step {LOST_AFTER}: the batches, step numbers and learning rates of a run never stopped"
+    assert said in " ".join(recovery["out"].split())  # what the user is told, in the run's result lines
+
+
+def test_the_resumed_run_ends_with_the_weights_of_the_run_never_lost(recovery: dict):
+    """With the same batches, rates and optimizer state, and sampling seeded by what it samples for
+    (shim/cpu_rollout.py, as a fixed-seed engine would), the resumed run's export is the never-lost run's,
+    bit for bit: the resume changed nothing that reaches the model."""
+    exports = recovery["fab"].tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained"
+    compare = subprocess.run(
+        [recovery["venv"] / "bin" / "python", HERE / "same_weights.py", exports / "r1", exports / "whole"],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 0, compare.stderr[-3000:]
+    found = json.loads(compare.stdout)
+    assert found["identical"] == found["tensors"] == 291, found
 
 
 def test_the_loss_came_after_step_2s_checkpoint(recovery: dict):
@@ -157,7 +196,7 @@ def test_training_went_on_from_the_restored_state_and_the_export_is_the_final_ch
 
 def test_fab_metrics_reads_the_events_from_the_bucket(recovery: dict):
     fab: Fab = recovery["fab"]
-    result = recovery["stack"]("metrics", *recovery["args"])
+    result = recovery["stack"]("metrics", "--run-name", "r1", *recovery["args"])
     assert result.returncode == 0, result.stderr
     assert f"copying event files from {recovery['durable']}/post-train/r1/tensorboard" in " ".join(
         result.stdout.split()

@@ -267,3 +267,22 @@ def test_a_rerun_is_a_no_op_and_a_lost_export_runs_alone_again(cpu_fab: Fab, run
     ]
     assert started == ["export"]
     assert Path(run["work"] / "hf-trained" / run["run"] / "generation_config.json").exists()
+
+
+def test_the_next_runs_estimate_is_calibrated_on_this_runs_measured_time(cpu_fab: Fab, run: dict):
+    """The run measured where train's time went; `fab plan` for a next run with twice the steps scales that, not
+    the guide's figures. (How close it comes: benchmarks/bench_estimate.py; timings are no test here.)"""
+    assert "took " in run["train"].stdout and "(estimated " in run["train"].stdout  # the result line, against
+    record = json.loads((cpu_fab.tmp / "runs" / run["run"] / "record.json").read_text())
+    split = record["timing"]
+    # evals after steps 2 and 4 (eval_interval 2) and after training
+    assert (split["steps"], split["evals"]) == (STEPS, 3) and split["step_s"] > 0 and split["startup_s"] > 0
+    assert record["estimate"]["calibrated_on"] is None  # the first run here: nothing measured before it
+    args = [*run["args"], "--arg", f"vars.num_batches={2 * STEPS}"]
+    plan = cpu_fab("plan", "--json", "--run-name", "next", *args)
+    assert plan.returncode == 0, plan.stderr
+    expected = json.loads(plan.stdout)["estimate"]
+    assert expected["calibrated_on"] == run["run"] and expected["unknown"] == []
+    stages = {stage["name"]: stage for stage in expected["stages"]}
+    assert f"{2 * STEPS} steps x {split['step_s']:.2f} s" in stages["train"]["source"]
+    assert stages["convert"]["low_s"] == 0 and "done already" in stages["convert"]["source"]  # shared

@@ -102,6 +102,13 @@ def test_status_and_logs(fab: Fab):
     assert status.returncode == 0, status.stderr
     for job in ("setup", "prefetch", "convert", "train", "export"):
         assert any(job in line and "done" in line for line in status.stdout.splitlines()), status.stdout
+    shown = fab("status", "--json")  # for scripts, as plan's and runs' (a newcomer's stumble)
+    assert shown.returncode == 0, shown.stderr
+    found = json.loads(shown.stdout)
+    assert found["pipeline"]["state"] == "done" and found["run"] == current_run(fab)
+    assert {job["job"]: job["state"] for job in found["jobs"]} == dict.fromkeys(
+        ("setup", "prefetch", "convert", "train", "export"), "done"
+    )
     logs = fab("logs", "--job", "train")
     assert logs.returncode == 0, logs.stderr
     assert "RL Training Completed Successfully!" in logs.stdout
@@ -121,6 +128,8 @@ def test_metrics_and_download_after_a_run(fab: Fab):
     assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((folder / "summary.json").read_text())
     assert set(summary["jobs"]) == {"setup", "prefetch", "convert", "train", "export"}
+    split = summary["time_split"]  # from the log's own timestamps: 12 steps, evals at step 10 and after training
+    assert (split["steps"], split["evals"]) == (12, 2) and "train's time: start-up" in result.stdout
 
     first = fab("download")
     assert first.returncode == 0, first.stderr

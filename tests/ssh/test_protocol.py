@@ -203,7 +203,8 @@ def test_a_refused_key_is_one_line(fab: Fab, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", tmp_path / "other"], check=True)
     result = fab_at(fab, fab.host.target, "status", key=tmp_path / "other")
     assert result.returncode == 2
-    assert "the VM refused the SSH key" in result.stderr and result.stderr.count("\n") == 1
+    assert f"the VM refused {fab.host.user}'s SSH key" in result.stderr and result.stderr.count("\n") == 1
+    assert "the VM's user is tpu-rl:sshUser, default tpu-rl: -H tpu-rl@127.0.0.1" in result.stderr  # stumble 9
     no_traceback(result)
 
 
@@ -261,7 +262,7 @@ def test_a_token_file_found_with_a_wide_mode_is_fixed_not_refused(fab: Fab):
 def test_a_full_disk_is_one_line(fab: Fab):
     state = fab.tmp / "state"
     state.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(state)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(state)], check=True)
     try:
         assert fab("setup").returncode == 0
         subprocess.run(["dd", "if=/dev/zero", f"of={state}/filler", "bs=4k"], capture_output=True)  # until full

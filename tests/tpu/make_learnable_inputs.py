@@ -4,7 +4,7 @@
 
 The layout and shape rules are make_inputs.py's (tests/maxtext_cpu: 32 layers, head_dim 128, width 64,
 vocab 512, the format tags as single tokens, an offline Hub cache entry), which the CPU tier's model could not
-learn from (shared/reference/tiny_learns.md: near context free, its prior already at the reward's optimum).
+learn from (near context free, its prior already at the reward's optimum).
 Here the model is a hand-set bigram model in Llama's architecture:
 
 - every layer adds nothing (v, o, up and down projections zero: a saddle whose gradients are exactly zero, so
@@ -29,11 +29,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "maxtext_cpu"))
 import make_inputs  # noqa: E402 - the CPU tier's inputs: their tokenizer, config and Hub cache recipe
-from make_inputs import HEAD_DIM, HEADS, HIDDEN, INTERMEDIATE, KV_HEADS, LAYERS, VOCAB  # noqa: E402
+from make_inputs import HIDDEN, VOCAB  # noqa: E402
 
 ANSWER, WRONG, THINK = "7", "5", " think"
 ROWS = (512, 64)  # train, test
@@ -115,28 +114,10 @@ def write_model(folder: Path, config: dict, tokens: dict[str, int]) -> None:
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
-    def zeros(*shape: int) -> np.ndarray:
-        return np.zeros(shape, np.float32)
-
-    tensors = {
-        "model.embed_tokens.weight": embed,
-        "model.norm.weight": np.ones(HIDDEN, np.float32),
-        "lm_head.weight": lm_head,
-    }
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": weight(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": weight(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": zeros(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": zeros(HIDDEN, HEADS * HEAD_DIM),
-            p + "mlp.gate_proj.weight": weight(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": zeros(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": zeros(HIDDEN, INTERMEDIATE),
-            p + "input_layernorm.weight": np.ones(HIDDEN, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(HIDDEN, np.float32),
-        }
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    random = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "mlp.gate_proj.weight"}  # the rest: zero
+    make_inputs.save_llama(
+        folder, embed, lm_head, lambda name, shape: weight(*shape) if name in random else np.zeros(shape, np.float32)
+    )
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 

@@ -78,6 +78,10 @@ def test_a_resumed_run_is_compared_with_the_first_attempts_base_model_not_the_re
     )
     result = evals.outcome(found)
     assert (result["before"], result["after"], result["change"]) == (50.0, 80.0, 30.0)
+    resumed = [line for line in result_lines(found) if line.startswith("resumed at step 20: ")]
+    assert len(resumed) == 1 and "completions after it sampled anew" in resumed[0]  # what the resume changed
+    never_stopped = from_lines(tmp_path, line("Pre RL Training", 100, 200, 50), line("Post RL Training", 160, 200, 95))
+    assert not [line for line in result_lines(never_stopped) if "resumed" in line]
 
 
 def test_no_result_without_an_eval_before_and_after():

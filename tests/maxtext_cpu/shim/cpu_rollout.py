@@ -8,6 +8,7 @@ slow, but small models on CPU need no more.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import jax
@@ -25,6 +26,13 @@ def _next_token_logits(model, tokens, positions, index):
     return jax.lax.dynamic_index_in_dim(logits, index - 1, axis=1, keepdims=False)
 
 
+def _seed(prompts) -> int:
+    """Sampling seeded by what is sampled for, not by how many calls came before: a resumed run samples its
+    steps as the run that was never lost did, so what differs between them is MaxText's and tunix's doing."""
+    digest = hashlib.sha256("\0".join(str(p) for p in prompts).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
 class MaxTextVllmRollout(base_rollout.BaseRollout):
     """The name train_rl imports; the engine is a greedy or temperature sampler in JAX."""
 
@@ -33,7 +41,6 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
             tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
         self._tokenizer = tokenizer
-        self._rng = np.random.default_rng(0)
 
     def generate(self, prompts, rollout_config, **kwargs) -> base_rollout.RolloutOutput:
         if isinstance(prompts, str):
@@ -48,6 +55,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         finished = np.zeros(len(prompts), dtype=bool)
         logprobs = np.zeros((len(prompts), new_tokens), dtype=np.float32)
         temperature = float(rollout_config.temperature or 0.0)
+        rng = np.random.default_rng(_seed(prompts))
         for step in range(new_tokens):
             index = prompt_len + step
             mask = buffer != pad
@@ -60,7 +68,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
             if temperature > 0:
                 scaled = log_probs / temperature
                 probs = np.exp(scaled - np.logaddexp.reduce(scaled, axis=-1, keepdims=True))
-                chosen = np.array([self._rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int32)
+                chosen = np.array([rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int32)
             else:
                 chosen = log_probs.argmax(axis=-1).astype(np.int32)
             chosen = np.where(finished, pad, chosen)

@@ -12,11 +12,14 @@ site-packages is edited; each part is a patch applied when its module is importe
   (`gcs_utils.mkdir_and_check_permissions`) would fail. The placeholder is written here instead.
 - Each build of MaxText's math_verify grader pool is said in the job's log (GRADER_BUILT): a test counts
   them, since 0.2.3 builds the pool again, with fresh workers, whenever the size it asks for changes.
+- Each batch GRPO generates for is said in the job's log (BATCH: the mode, then a short hash of each prompt's
+  text), so that a test can tell which problems each step trained on, by content, across a resume.
 - TPU_RL_CPU_HOLD_FILE=PATH: a VM lost right after a checkpoint. While PATH exists and holds a
   step number, train holds once that step's checkpoint is committed (PATH.held says so) until it
   is killed, so that a test loses the VM exactly there.
 """
 
+import hashlib
 import importlib.abc
 import importlib.util
 import os
@@ -28,6 +31,8 @@ ROLLOUT_MODULE = "maxtext.integration.vllm.maxtext_vllm_rollout"
 GRADER_MODULE = "maxtext.trainers.post_train.rl.math_verify_pool"
 GRADER_BUILT = "[shim] math_verify grader pool built with"
 ADAPTER_MODULE = "maxtext.integration.vllm.maxtext_vllm_adapter"  # train_rl 0.2.4+: `adapter.register()`
+LEARNER_MODULE = "tunix.rl.grpo.grpo_learner"
+BATCH = "[shim] GRPO batch"
 
 
 class _Replace(importlib.abc.MetaPathFinder):
@@ -138,6 +143,20 @@ def _count_grader_pools(grader):
     grader._get_pool = counted
 
 
+def _say_batches(learner):
+    """Says each batch's prompts (by a hash of their text) as GRPO generates for it, with the mode."""
+    generate = learner.GRPOLearner._generate_and_compute_advantage
+
+    def saying(self, training_input, *args, **kwargs):
+        mode = kwargs.get("mode", args[0] if args else "TRAIN")
+        hashes = ",".join(hashlib.sha256(str(p).encode()).hexdigest()[:8] for p in training_input["prompts"])
+        print(f"{BATCH} {getattr(mode, 'name', mode)} {hashes}", file=sys.stderr, flush=True)
+        return generate(self, training_input, *args, **kwargs)
+
+    learner.GRPOLearner._generate_and_compute_advantage = saying
+
+
+sys.meta_path.insert(0, _AfterImport(LEARNER_MODULE, _say_batches))
 sys.meta_path.insert(0, _AfterImport("etils.epath.backend", _gfile_folders))
 sys.meta_path.insert(0, _AfterImport(GRADER_MODULE, _count_grader_pools))
 if os.environ.get("MAXTEXT_CPU_ROLLOUT") == "1":

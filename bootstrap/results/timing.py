@@ -1,0 +1,92 @@
+"""Where train's time went, from its own log: start-up (loading, compiling, the eval before training), the steps,
+the evals, the checkpoints' saves. Read from each line's absl timestamp (the VM's clock, not when fab saw it).
+
+MaxText 0.2.3 has no finer telemetry (0.2.5's `enable_tunix_perf_metrics` splits a step into rollout, update
+and weight sync; not read here). What is measured is what the next estimate scales (results/estimate.py).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from ..remote import evals
+
+STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
+STEP = re.compile(r"Train step (\d+) training loss")
+SAVE = re.compile(r"CompositeCheckpointHandler\.async_save\. Time taken: ([\d.]+)s")  # what a save held training up
+DONE = "RL Training Completed Successfully"
+ATTEMPT = "[tpu-rl] starting "  # jobrunner's note at each start of a job: its log is appended to
+
+
+def stamp(line: str, year: int | None = None) -> float | None:
+    """An absl line's time (seconds since the epoch; local time, as absl writes it); None for another line."""
+    m = STAMP.match(line)
+    if not m:
+        return None
+    month, day, hour, minute, second = int(m[1]), int(m[2]), int(m[3]), int(m[4]), float(m[5])
+    parts = (year or time.localtime().tm_year, month, day, hour, minute, 0, 0, 0, -1)
+    return time.mktime(parts) + second
+
+
+@dataclass
+class TrainTiming:
+    """Fed train's log lines (one attempt's); `split` says where the time went."""
+
+    first: float | None = None
+    steps: dict[int, float] = field(default_factory=dict)  # step -> when its line came
+    evals: list[tuple[float, float]] = field(default_factory=list)  # (began, ended) of each timed eval
+    saves_s: float = 0.0
+    last_mark: float | None = None  # the last step's or the trainer's end line: an eval after it began there
+    ended: float | None = None
+
+    def feed(self, line: str) -> None:
+        at = stamp(line)
+        if at is None:
+            return
+        self.first = self.first if self.first is not None else at
+        self.ended = at
+        if m := STEP.search(line):
+            self.steps[int(m[1])] = at
+            self.last_mark = at
+        elif DONE in line:
+            self.last_mark = at
+        elif (found := evals.parse(line)) is not None and found["phase"] != "pre" and self.last_mark is not None:
+            self.evals.append((self.last_mark, at))
+            self.last_mark = None
+        if m := SAVE.search(line):
+            self.saves_s += float(m[1])
+
+    def split(self) -> dict | None:
+        """Seconds: start-up (to the first step's end, less one step), the steps, the evals (each timed one's
+        mean), the saves; None before two steps."""
+        if len(self.steps) < 2 or self.first is None:
+            return None
+        order = sorted(self.steps)
+        gaps = [
+            self.steps[b] - self.steps[a]
+            for a, b in zip(order, order[1:], strict=False)
+            if b == a + 1 and not any(self.steps[a] <= began < self.steps[b] for began, _ in self.evals)
+        ]
+        step_s = statistics.median(gaps) if gaps else (self.steps[order[-1]] - self.steps[order[0]]) / len(order)
+        eval_s = statistics.mean(end - began for began, end in self.evals) if self.evals else 0.0
+        startup = self.steps[order[0]] - self.first - step_s
+        return {
+            "startup_s": round(max(0.0, startup), 2),
+            "step_s": round(step_s, 3),
+            "steps": len(order),
+            "eval_s": round(eval_s, 2),
+            "evals": len(self.evals),
+            "saves_s": round(self.saves_s, 2),
+            "total_s": round((self.ended or self.first) - self.first, 2),
+        }
+
+
+def from_log(text: str) -> dict | None:
+    """The last attempt's split, from a job's whole log."""
+    timing = TrainTiming()
+    for line in re.split(r"\r\n|\r|\n", text.split(ATTEMPT)[-1]):
+        timing.feed(line)
+    return timing.split()

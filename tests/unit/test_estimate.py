@@ -1,0 +1,220 @@
+"""What a run will take and cost (results/estimate.py) and where train's time went (results/timing.py): the time
+split read from absl timestamps, an estimate calibrated on an earlier run scaled by each setting that changes
+the work, and an uncalibrated one that says so and leaves out what nothing measured."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from bootstrap.jobs import load
+from bootstrap.jobs.plan import build
+from bootstrap.paths import REPO
+from bootstrap.results import estimate, timing
+from bootstrap.results.runs import RunRecord
+
+TRAIN_STEP = "peft_trainer.py:488] Train step {} training loss: 0.000000  - training perplexity: 1.000000"
+EVAL = (
+    "hooks.py:98] Intermediate Eval (step={}): corr=1, total=2, accuracy=50.0%, partial_accuracy=50.0%, "
+    "format_accuracy=50.0%, mean_reward=0.5000"
+)
+SAVE = "composite_checkpoint_handler.py:729] Initiated CompositeCheckpointHandler.async_save. Time taken: {}s (all)"
+
+
+def line(at: float, text: str) -> str:
+    """An absl line stamped `at` seconds after 12:00:00 on 1 December."""
+    minutes, seconds = divmod(at, 60)
+    return f"I1201 12:{int(minutes):02d}:{seconds:09.6f} 140 {text}"
+
+
+def train_log(startup: float, step: float, steps: int, eval_every: int, eval_s: float, save_s: float) -> str:
+    """A log whose split is known by construction: start-up, then `steps` steps of `step` s, an eval of `eval_s`
+    after every `eval_every`-th step, a checkpoint save held `save_s` at each step."""
+    now, lines = 0.0, [line(0, "max_utils.py:815] System Information: Jax Version: 0.12.0.1")]
+    now = startup
+    for n in range(1, steps + 1):
+        now += step
+        lines.append(line(now, TRAIN_STEP.format(n)))
+        lines.append(line(now, SAVE.format(save_s)))
+        if n % eval_every == 0:
+            now += eval_s
+            lines.append(line(now, EVAL.format(n)))
+    return "\n".join(lines)
+
+
+def test_the_split_is_what_the_log_took():
+    split = timing.from_log(train_log(startup=30.0, step=2.0, steps=6, eval_every=3, eval_s=5.0, save_s=0.25))
+    assert split["startup_s"] == pytest.approx(30.0)
+    assert (split["steps"], split["step_s"]) == (6, pytest.approx(2.0))
+    assert (split["evals"], split["eval_s"]) == (2, pytest.approx(5.0))
+    assert split["saves_s"] == pytest.approx(6 * 0.25)
+    assert split["total_s"] == pytest.approx(30 + 6 * 2 + 2 * 5)
+
+
+def test_only_the_last_attempt_of_an_appended_log_is_split():
+    first = train_log(startup=30.0, step=9.0, steps=3, eval_every=10, eval_s=0, save_s=0)
+    second = train_log(startup=12.0, step=1.5, steps=4, eval_every=10, eval_s=0, save_s=0)
+    split = timing.from_log(f"[tpu-rl] starting train\n{first}\n[tpu-rl] starting train\n{second}")
+    assert (split["startup_s"], split["step_s"], split["steps"]) == (pytest.approx(12.0), pytest.approx(1.5), 4)
+
+
+def test_one_step_is_no_split():
+    assert timing.from_log(train_log(startup=30.0, step=2.0, steps=1, eval_every=10, eval_s=0, save_s=0)) is None
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPU_RL_RUNS", str(tmp_path / "runs"))
+    return tmp_path / "runs"
+
+
+@pytest.fixture
+def jobs_with(tmp_path):
+    """jobs/ with pipeline.yaml's vm settings changed (they are no --arg)."""
+
+    def change(**vm):
+        jobs = tmp_path / f"jobs-{len(list(tmp_path.glob('jobs-*')))}"
+        shutil.copytree(REPO / "jobs", jobs)
+        data = yaml.safe_load((jobs / "pipeline.yaml").read_text())
+        data["vm"].update(vm)
+        (jobs / "pipeline.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        return jobs
+
+    return change
+
+
+def plan_for(*overrides: str, jobs=REPO / "jobs"):
+    return build(load.read(jobs), list(overrides), "r2")
+
+
+def earlier_run(plan, startup=40.0, step_s=3.0, steps=4, eval_s=10.0, elsewhere=False, **durations) -> RunRecord:
+    """A done run of this machine's records with its time split measured: `plan`'s work, 4 steps (`elsewhere`:
+    its shared jobs in other folders, not done already for the next run)."""
+    record = RunRecord("r1", chips=plan.accelerator.chips)
+    split = {"startup_s": startup, "step_s": step_s, "steps": steps, "eval_s": eval_s, "evals": 2, "saves_s": 0.0}
+    record.timing = estimate.measured({**split, "total_s": 0.0}, plan.job("train").rendered.argv[3:], plan)
+    t = 1000.0
+    for job in plan.jobs:
+        took = durations.get(job.name, 60.0)
+        folder = f"{job.job_dir}-elsewhere" if elsewhere else job.job_dir
+        record.jobs[job.name] = {"job_dir": folder, "state": "done", "started": t, "finished": t + took}
+        t += took
+    record.save()
+    return record
+
+
+def stage(found: estimate.Estimate, name: str) -> estimate.Stage:
+    return next(s for s in found.stages if s.name == name)
+
+
+def middle(s: estimate.Stage) -> float:
+    return (s.low_s + s.high_s) / 2
+
+
+def test_without_an_earlier_run_the_estimate_says_uncalibrated_and_leaves_out_what_nothing_measured(runs):
+    found = estimate.estimate(plan_for())
+    assert found.calibrated_on == ""
+    assert "uncalibrated" in found.lines()[0]
+    assert {"setup", "prefetch", "export"} <= set(found.unknown)  # no published figure: not guessed
+    assert "not counting" in found.lines()[-2]
+    # the guide's figure scaled by the steps: twice the steps, twice the time
+    assert middle(stage(estimate.estimate(plan_for("vars.num_batches=100")), "train")) == pytest.approx(
+        2 * middle(stage(found, "train"))
+    )
+
+
+def test_a_calibrated_train_scales_the_earlier_runs_measurements_by_steps_and_evals(runs):
+    first = plan_for("vars.num_batches=4", "train.eval_interval=2")
+    earlier_run(first, train=100.0)
+    found = estimate.estimate(plan_for("vars.num_batches=10", "train.eval_interval=2"))
+    assert found.calibrated_on == "r1" and "calibrated on run r1" in found.lines()[0]
+    # what the earlier train took besides its 4 steps x 3 s and 2 evals x 10 s (imports, loading, compiling:
+    # 68 s), then 10 steps x 3 s and (10 // 2 + 1) evals x 10 s, +-25%
+    assert middle(stage(found, "train")) == pytest.approx(68 + 10 * 3 + 6 * 10)
+    assert stage(found, "train").high_s / stage(found, "train").low_s == pytest.approx(1.25 / 0.75)
+
+
+def test_more_completions_a_step_take_proportionally_longer(runs):
+    earlier_run(plan_for("vars.num_batches=4", "train.rl.num_generations=4"))
+    same = plan_for("vars.num_batches=4", "train.num_test_batches=0", "train.rl.num_generations=4")
+    double = plan_for("vars.num_batches=4", "train.num_test_batches=0", "train.rl.num_generations=8")
+    added = middle(stage(estimate.estimate(double), "train")) - middle(stage(estimate.estimate(same), "train"))
+    assert added == pytest.approx(4 * 3.0)  # each of 4 steps twice its 3 s
+
+
+def test_a_shared_job_done_already_costs_nothing_and_another_takes_as_long_as_it_took(runs):
+    plan = plan_for("vars.num_batches=4")
+    earlier_run(plan, convert=300.0, export=120.0)
+    found = estimate.estimate(plan_for("vars.num_batches=8"))
+    # nothing on the VM that did it; as long as it took (+25%) on a new VM, where it runs again
+    assert (stage(found, "convert").low_s, stage(found, "convert").high_s) == (0.0, 300.0 * 1.25)
+    assert middle(stage(found, "export")) == pytest.approx(120.0)
+    assert found.unknown == []
+
+
+def test_a_run_of_another_model_or_storage_calibrates_nothing_and_the_current_run_itself_does(runs):
+    earlier_run(plan_for("vars.num_batches=4"))
+    assert estimate.estimate(plan_for("vars.num_batches=8")).calibrated_on == "r1"
+    assert estimate.estimate(build(load.read(REPO / "jobs"), ["vars.num_batches=8"], "r1")).calibrated_on == "r1"
+    other_model = plan_for("vars.model_name=qwen3-0.6b", "vars.hf_model=Qwen/Qwen3-0.6B")
+    assert estimate.estimate(other_model).calibrated_on == ""
+    in_a_bucket = plan_for("vars.num_batches=8", "vars.durable_dir=gs://my-bucket/runs")
+    assert estimate.estimate(in_a_bucket).calibrated_on == ""
+
+
+def test_a_damaged_record_calibrates_nothing_and_breaks_nothing(runs):
+    record = earlier_run(plan_for("vars.num_batches=4"))
+    del record.timing["step_s"]
+    (record.folder / "record.json").write_text(
+        json.dumps({**json.loads((record.folder / "record.json").read_text()), "timing": record.timing})
+    )
+    assert estimate.estimate(plan_for("vars.num_batches=8")).calibrated_on == ""
+    (runs / "broken").mkdir()
+    (runs / "broken" / "record.json").write_text("{not json")
+    assert "uncalibrated" in estimate.estimate(plan_for("vars.num_batches=8")).lines()[0]
+
+
+def test_an_earlier_run_on_another_accelerator_calibrates_nothing(runs, jobs_with):
+    earlier_run(plan_for("vars.num_batches=4", jobs=jobs_with(accelerator="cpu")))
+    assert estimate.estimate(plan_for("vars.num_batches=4", jobs=jobs_with(accelerator="cpu"))).calibrated_on
+    assert estimate.estimate(plan_for("vars.num_batches=4", jobs=jobs_with(accelerator="v6e-8"))).calibrated_on == ""
+
+
+def test_the_total_follows_the_longest_chain_of_needs(runs):
+    earlier_run(plan_for(), elsewhere=True, setup=500.0, prefetch=100.0, validate=50.0, convert=200.0, export=30.0)
+    found = estimate.estimate(plan_for("vars.num_batches=8"))
+    # prefetch beside setup, validate beside convert: setup, convert, train, export one after another
+    assert found.high_s == pytest.approx((500 + 200 + 30) * 1.25 + stage(found, "train").high_s)
+
+
+def test_the_cost_is_at_the_users_price_else_the_list_price_else_none(runs, jobs_with):
+    plan = plan_for()
+    hours = estimate.estimate(plan, "STANDARD").chip_hours()
+    assert estimate.estimate(plan, "STANDARD").to_dict()["cost"] == [round(h * 2.70, 2) for h in hours]
+    mine = estimate.estimate(plan_for(jobs=jobs_with(price_per_chip_hour=1.5)), "STANDARD").to_dict()
+    assert mine["cost"] == [round(h * 1.5, 2) for h in hours] and mine["price_source"] == "vm.price_per_chip_hour"
+    reserved = estimate.estimate(plan, "RESERVATION_BOUND")
+    assert reserved.to_dict()["cost"] is None and "reservation's price is yours" in reserved.lines()[-1]
+
+
+def test_the_result_line_sets_what_it_took_against_what_was_estimated(runs):
+    record = RunRecord("r1", chips=8)
+    record.jobs = {"train": {"started": 1000.0, "finished": 6400.0}}
+    record.estimate = {"low_s": 3600, "high_s": 7200, "unknown": ["setup"], "cost": [21.6, 43.2],
+                       "price_per_chip_hour": 2.7}  # fmt: skip
+    assert (
+        estimate.against(record)
+        == "took 90.0 min, 12.00 chip-hours, $32.40 (estimated 1.0-2.0 h, $21.60-$43.20; not counting setup)"
+    )
+
+
+def test_a_job_done_already_in_an_earlier_run_is_not_this_runs_time(runs):
+    record = RunRecord("r2", chips=8)
+    record.jobs = {
+        "convert": {"ran": False, "started": 1000.0, "finished": 1300.0},  # run r1's, shared
+        "train": {"ran": True, "started": 90_000.0, "finished": 90_600.0},
+    }
+    assert estimate.took(record) == 600.0
