@@ -123,8 +123,11 @@ def _key_problem(maxtext: MaxText, module: str, key: str, value: str) -> str | N
     return _type_error(value, fields[key])
 
 
-def check_job_args(maxtext: MaxText, module: str, args: dict[str, str], flags: dict[str, str], origin) -> list[Problem]:
-    """Problems with one job's MaxText args and flags; `origin(section, key)` says where each came from."""
+def check_job_args(
+    maxtext: MaxText, module: str, args: dict[str, str], flags: dict[str, str], origin, value_origin=None
+) -> list[Problem]:
+    """Problems with one job's MaxText args and flags; `origin(section, key)` says where each came from,
+    `value_origin` where a key's own value did (default: origin). The run's length and rates are the job's."""
     if module not in maxtext.modules:
         return [
             origin("module").problem(
@@ -133,7 +136,7 @@ def check_job_args(maxtext: MaxText, module: str, args: dict[str, str], flags: d
             )
         ]
     problems = [
-        origin("args", key).problem(f"args.{key}", why)
+        (value_origin or origin)("args", key).problem(f"args.{key}", why)
         for key, value in args.items()
         if (why := _key_problem(maxtext, module, key, value))
     ]
@@ -274,8 +277,10 @@ def check_pipeline(pipeline: Pipeline) -> list[Problem]:
     problems = _check_hf_model(pipeline)
     for job in pipeline.jobs.values():
         if job.spec.module:
-            origin = _blaming_vars(pipeline, job)
-            problems += check_job_args(pipeline.maxtext, job.spec.module, job.spec.args, job.spec.flags, origin)
+            blamed = _blaming_vars(pipeline, job)
+            problems += check_job_args(
+                pipeline.maxtext, job.spec.module, job.spec.args, job.spec.flags, job.origin, blamed
+            )
         problems += [
             job.origin("secrets").problem(
                 "secrets", f"unknown secret {secret!r}; fab can provide {', '.join(secrets.KNOWN)}"
