@@ -58,13 +58,13 @@ def parse(line: str, total_steps: int | None = None) -> Update | None:
 
 
 def result_lines(results: list[dict]) -> list[str]:
-    """The run's result in one line, then each warning and each resume in one line (evals.outcome); none before
-    two evals."""
+    """The run's result in one line and each warning (evals.outcome; none before two evals), then what each
+    resume kept (said even when this machine did not see the eval before training)."""
     result = evals.outcome(results)
-    if result is None:
-        return []
-    lines = [f"result: {evals.result_line(result)}", *(f"warning: {w}" for w in evals.warnings(result))]
-    return [*lines, *evals.resumes(results)]
+    judged = (
+        [f"result: {evals.result_line(result)}", *(f"warning: {w}" for w in evals.warnings(result))] if result else []
+    )
+    return [*judged, *evals.resumes(results)]
 
 
 def eval_table(results: list[dict]) -> Table:

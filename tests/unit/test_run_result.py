@@ -80,6 +80,8 @@ def test_a_resumed_run_is_compared_with_the_first_attempts_base_model_not_the_re
     assert (result["before"], result["after"], result["change"]) == (50.0, 80.0, 30.0)
     resumed = [line for line in result_lines(found) if line.startswith("resumed at step 20: ")]
     assert len(resumed) == 1 and "completions after it sampled anew" in resumed[0]  # what the resume changed
+    unseen_start = [e for e in found if e["phase"] != "pre"]  # a run started with --detach: no eval before
+    assert [line for line in result_lines(unseen_start) if line.startswith("resumed at step 20: ")] == resumed
     never_stopped = from_lines(tmp_path, line("Pre RL Training", 100, 200, 50), line("Post RL Training", 160, 200, 95))
     assert not [line for line in result_lines(never_stopped) if "resumed" in line]
 
