@@ -104,9 +104,11 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
     jobs = {**(record.jobs if record else {}), **vm.get("jobs", {})}
     scored = evals.merged(record.evals if record else [], vm.get("evals", []))
     result = evals.outcome(scored) or {}
-    every = [*(record.jobs.values() if record else []), *jobs.values(), *bucket.get("attempts", [])]
-    starts = [j["started"] for j in every if j.get("started")]  # the first start anywhere (a lost VM's too)
-    ends = [j["finished"] for j in jobs.values() if j.get("finished")]
+    earlier = {n for n, j in (record.jobs if record else {}).items() if j.get("ran") is False}  # another run's time
+    timed = {n: j for n, j in jobs.items() if n not in earlier}
+    every = [*(j for n, j in (record.jobs if record else {}).items() if n not in earlier), *timed.values()]
+    starts = [j["started"] for j in [*every, *bucket.get("attempts", [])] if j.get("started")]  # a lost VM's too
+    ends = [j["finished"] for j in timed.values() if j.get("finished")]
     ends = ends or [r["finished"] for r in bucket.get("records", {}).values() if r and r.get("finished")]
     settings = _settings(record, vm)
     known = [where for where, found in (("laptop", record), ("VM", "vm" in listed), ("bucket", bucket)) if found]

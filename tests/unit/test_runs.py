@@ -179,3 +179,14 @@ def test_a_malformed_file_on_the_vm_hides_neither_the_other_runs_nor_itself(tmp_
     assert row["run"] == "nospec" and "its files on the VM unreadable: KeyError" in row["state"]
     driver.keep_run_plan(layout, {"run": "listed", "jobs": [{"name": "train"}], "settings": ["a=1"]})
     assert json.loads(Path(layout.run_plan("listed")).read_text())["settings"] == ["a=1"]
+
+
+def test_a_job_an_earlier_run_did_is_not_this_runs_time_or_chip_hours():
+    """convert, shared and done by run r1, is reused by r2: r2 took and cost its own jobs' time only."""
+    record = RunRecord("r2", chips=8)
+    record.jobs = {
+        "convert": {"ran": False, "state": "done", "started": 1000.0, "finished": 1300.0},
+        "train": {"ran": True, "state": "done", "started": 90_000.0, "finished": 93_600.0},
+    }
+    found = side_by_side.row("r2", record, {}, [])
+    assert found["took_s"] == 3600 and found["chip_hours"] == 8.0
