@@ -24,11 +24,12 @@ import urllib.parse
 import urllib.request
 
 try:
-    from . import attempts, evals, jobrunner  # on the laptop: bootstrap.remote.notify
+    from . import attempts, evals, jobrunner, retry  # on the laptop: bootstrap.remote.notify
 except ImportError:
     import attempts  # on the VM: beside this script in the tools folder
     import evals
     import jobrunner
+    import retry
 
 LOG = "notifications.jsonl"  # in the pipeline folder
 TRIES = 3
@@ -61,19 +62,17 @@ def send(url: str, kind: str, message: str, event: dict) -> dict:
         try:
             with urllib.request.urlopen(request(url, kind, message, event), timeout=TIMEOUT_SECONDS) as answer:
                 return {"ok": True, "status": answer.status, "tries": attempt}
-        except urllib.error.HTTPError as err:
-            error = f"HTTP {err.code}"
-            if err.code < 500 and err.code != 429:  # the receiver refused it: again would be refused again
+        except (OSError, ValueError) as err:  # its code or type alone: a message may quote the URL
+            error = f"HTTP {err.code}" if isinstance(err, urllib.error.HTTPError) else _reason(err)
+            if not retry.may_pass(err):  # refused (a 4xx): again would be refused again
                 break
-        except (OSError, ValueError) as err:  # down, slow, or not a URL: its type alone (a message may quote it)
-            error = type(err).__name__ if not isinstance(err, urllib.error.URLError) else _reason(err)
         if attempt < TRIES:
             time.sleep(BACKOFF_SECONDS * attempt)
     return {"ok": False, "error": error, "tries": attempt}
 
 
-def _reason(err: urllib.error.URLError) -> str:
-    reason = err.reason
+def _reason(err: BaseException) -> str:
+    reason = getattr(err, "reason", err) if isinstance(err, urllib.error.URLError) else err
     return type(reason).__name__ if isinstance(reason, BaseException) else "unreachable"
 
 

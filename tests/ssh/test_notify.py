@@ -17,11 +17,11 @@ HOOK = "TPU_RL_TEST_HOOK"
 
 
 class Receiver:
-    """A webhook receiver on 127.0.0.1: what each POST carried; `delay` seconds before it answers."""
+    """A webhook receiver on 127.0.0.1: what each POST carried; `delay` seconds before it answers `status`."""
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, status: int = 200):
         self.posts: list[dict] = []
-        self.delay = delay
+        self.delay, self.status = delay, status
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,7 +32,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 time.sleep(receiver.delay)
                 receiver.posts.append({"path": self.path, "body": json.loads(body), "at": time.monotonic()})
-                self.send_response(200)
+                self.send_response(receiver.status)
                 self.end_headers()
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

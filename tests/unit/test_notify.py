@@ -53,3 +53,15 @@ def test_a_receiver_that_is_down_is_said_without_its_url(monkeypatch):
     monkeypatch.setattr(notify, "BACKOFF_SECONDS", 0.01)
     outcome = notify.send(down.url, "json", "done", EVENT)
     assert outcome == {"ok": False, "error": "ConnectionRefusedError", "tries": notify.TRIES}
+
+
+@pytest.mark.parametrize(("status", "tries"), [(404, 1), (503, notify.TRIES)])
+def test_a_refusal_is_not_tried_again_and_a_busy_receiver_is(status, tries, monkeypatch):
+    """retry.py's one policy: a 4xx would be refused again; a 5xx may pass."""
+    answering = Receiver(status=status)
+    monkeypatch.setattr(notify, "BACKOFF_SECONDS", 0.01)
+    try:
+        outcome = notify.send(answering.url, "json", "done", EVENT)
+    finally:
+        answering.close()
+    assert outcome == {"ok": False, "error": f"HTTP {status}", "tries": tries} and len(answering.posts) == tries
