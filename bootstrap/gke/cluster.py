@@ -153,9 +153,10 @@ class Cluster:
         return transfer.download(self, self.where(directory), local, on_file, required)
 
     def download_verified(
-        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None
+        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None, made_by: str | None = None
     ) -> dict[str, int]:
-        """The export from the bucket, every file verified against its SHA256SUMS (transfer.download_verified)."""
+        """The export from the bucket, every file verified against its SHA256SUMS (transfer.download_verified);
+        `made_by` is the VM's alone: the bucket is the project's own, by IAM, with no other account in it."""
         return transfer.download_verified(self, self.where(directory), local, on_file)
 
     def list_files(self, directory: str) -> dict[str, int]:

@@ -88,6 +88,7 @@ START_WAIT_SECONDS = 60
 LINE_END = re.compile(rb"\r\n|\r|\n")
 MAX_LINE = 64 * 1024
 READ_EVENTS = 1024 * 1024  # events read per look: a long history streams in parts
+PREFLIGHT = "preflight"  # what failed, when the run's folders are refused before any job is looked at
 BUSY = 75
 CHECK_FIRST = 76  # `start` of a plan marked check_first that would start a job: nothing started, check the token
 
@@ -134,6 +135,8 @@ def decide(name: str, state: dict) -> tuple[Action, str]:
         return Action.SKIP, f"{name}: done already (finished {clock(state.get('finished'))}, outputs present), skipping"
     if job_state is JobState.RUNNING:
         return Action.ATTACH, f"{name}: already running since {clock(state.get('started'))}, re-attaching"
+    if job_state is JobState.LOST and state.get("changed"):
+        return Action.START, f"{name}: was done but {state['error']} (not what it made), running it again"
     if job_state is JobState.LOST:
         return Action.START, f"{name}: was done but its outputs are gone (VM restarted?), running it again"
     if job_state is JobState.STALE:
@@ -156,8 +159,9 @@ class Graph:
     """The pipeline's decisions, from job states alone: what starts, what is adopted, what is blocked.
 
     `state_of`, `launch` and `preflight` are the VM (or fakes, in tests; `launch` returns why a
-    job could not start, or None; `preflight(tpu)` the checks before the first job (tpu False: the run's
-    folders) or the first TPU job (chips, memory, the TPU free)); every change is handed to `emit` as an
+    job could not start, or None; `preflight(tpu)` the checks before anything else (tpu False: the run's
+    folders, on every pass, since a done job's outputs are trusted only in folders no one else can write) or
+    before the first TPU job (chips, memory, the TPU free)); every change is handed to `emit` as an
     event. A job marked `"start": false` is only needed: it must be done already, or its dependants are
     blocked (fab convert before fab train).
     """
@@ -176,6 +180,9 @@ class Graph:
         """One look at every job: start what is ready, notice what ended. False once nothing is left to do."""
         if not self.checked:  # a job only needed must be done (or not needed at all), or nothing starts
             self.checked = True
+            if not self._preflight(False):  # every pass, before any output is trusted: a restart empties /dev/shm
+                self.failed[PREFLIGHT] = "the run's folders are not the SSH user's alone"
+                return False
             self._skip_unneeded()
             for job in self.jobs.values():
                 if not job.get("start", True) and job["name"] not in self.done:

@@ -15,10 +15,11 @@ import os
 import re
 
 try:
-    from . import attempts, evals, gcs, jobrunner  # on the laptop: bootstrap.remote
+    from . import attempts, evals, folders, gcs, jobrunner  # on the laptop: bootstrap.remote
 except ImportError:
     import attempts  # on the VM: beside this script in the tools folder
     import evals
+    import folders
     import gcs
     import jobrunner
 
@@ -104,8 +105,17 @@ def on_vm(layout: jobrunner.Layout, run: str, places: dict, placeholder: str) ->
         "specs": {job["name"]: {key: job["spec"].get(key) for key in SPEC_KEYS} for job in plan.get("jobs", [])},
         "evals": evals.from_log(os.path.expanduser(log), None) if log else [],
         "markers": kept,
-        "export": os.path.dirname(export) if export and os.path.isfile(os.path.expanduser(export)) else None,
+        "export": _trusted_export(os.path.expanduser(export), jobs.get("export")) if export else None,
     }
+
+
+def _trusted_export(sums: str, job: dict | None) -> str | None:
+    """The export's folder, if it is still there and still the export job's: the job done with its seals intact
+    (jobrunner.job_state), in a folder no other account can write (folders.py)."""
+    folder = os.path.dirname(sums)
+    if not os.path.isfile(sums) or (job or {}).get("state") != jobrunner.JobState.DONE.value:
+        return None
+    return folder if folders.problem(folder) is None else None
 
 
 def in_bucket(places: dict, placeholder: str) -> dict[str, dict]:

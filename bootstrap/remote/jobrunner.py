@@ -11,12 +11,16 @@ laptop imports it for the names and uses these subcommands:
     follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
     tail JOB_DIR COUNT [FILE]     the last lines of the job's log (or FILE of its folder)
     copy-down GS_URL DIR          copy a folder of the bucket to DIR (what is there at its size is kept)
+    trusted FOLDER [JOB_DIR]      before fab reads FOLDER again: it is the SSH user's alone (folders.py), and
+                                  JOB_DIR's job is done with its seals intact; prints the seals (JSON)
 
 A job's command runs in its own session and process group, behind a small shell that
 writes its exit code to a file: if the runner dies, the job goes on, and the next launch
 re-attaches a new runner to it instead of starting a second copy. A job counts as done
 only when it exited 0 and every declared output exists; `done` is written after that
-check and never before. A job done for `inputs` (files it read, such as an export's
+check and never before, with the SHA-256 of each small output file (`seals`: an export's SHA256SUMS, which binds
+its weights): a sealed file that differs later is not the job's (another account planted it after a restart
+emptied /dev/shm, say), and the job is no longer done. A job done for `inputs` (files it read, such as an export's
 SHA256SUMS) is done only while they are unchanged; while they are gone (a restart wiped /dev/shm) it
 stays done: a verified copy of an export is the run's result, never made again from a new export. Outputs may live in Cloud Storage
 (gs://, through gcs.py beside it): a job whose spec names a `record` there writes it once
@@ -40,9 +44,10 @@ import time
 from collections.abc import Iterator
 
 try:
-    from . import faults, gcs  # on the laptop: bootstrap.remote
+    from . import faults, folders, gcs  # on the laptop: bootstrap.remote
 except ImportError:
     import faults  # on the VM: beside this script in the tools folder
+    import folders
     import gcs
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
@@ -50,6 +55,9 @@ LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 LAUNCH_WAIT_SECONDS = 60
 FOLLOW_POLL_SECONDS = 0.05
 READ_CHUNK = 64 * 1024
+SEAL_MAX_BYTES = (
+    16 * 1024 * 1024
+)  # an output file this small is sealed by its SHA-256 (an export's SHA256SUMS, a config)
 
 # The files of a job folder.
 SPEC = "spec.json"  # what to run (written by launch)
@@ -90,8 +98,9 @@ class JobState(str, enum.Enum):
     INTERRUPTED = "interrupted"
     """Started, but runner and process are gone without a verdict (VM restart, kill)."""
     LOST = "lost"
-    """Was done, but its outputs have gone since (a restart wipes /dev/shm), or a Hub upload held back
-    (results.publish_if) whose export has gone: the model then exists nowhere."""
+    """Was done, but its outputs have gone since (a restart wipes /dev/shm), or one it sealed differs since (not
+    what it verified: made by someone else), or a Hub upload held back (results.publish_if) whose export has
+    gone: the model then exists nowhere."""
     STALE = "stale"
     """Was done, but for inputs that have changed since (a copy of an export that was made again); inputs
     that are gone leave a copy done."""
@@ -242,6 +251,23 @@ def missing_outputs(patterns: list[str]) -> list[str]:
     return missing
 
 
+def seals(outputs: list[str]) -> dict[str, str]:
+    """The SHA-256 of each output that is a small file on the VM (a bucket is the project's own, by IAM)."""
+    found = {}
+    for path in outputs:
+        if not gcs.is_gcs(path) and os.path.isfile(path) and os.path.getsize(path) <= SEAL_MAX_BYTES:
+            with open(path, "rb") as f:
+                found[path] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def broken_seals(done: dict) -> list[str]:
+    """The sealed outputs of a done marker that differ now (or are no longer plain files)."""
+    sealed = done.get("seals") or {}
+    now = seals(list(sealed))
+    return [path for path, digest in sorted(sealed.items()) if now.get(path) != digest]
+
+
 def inputs_digest(paths: list[str]) -> str:
     """What a job read, as one hash: a missing input hashes differently from an empty one."""
     digest = hashlib.sha256()
@@ -294,6 +320,9 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
     if done:
         missing = missing_outputs(spec.get("outputs", []))
         state.update(state=JobState.LOST if missing else JobState.DONE, outputs=done["outputs"], missing=missing)
+        if not missing and (changed := broken_seals(done)):
+            names = ", ".join(os.path.basename(path) for path in changed)
+            state.update(state=JobState.LOST, changed=changed, error=f"{names} changed since it was verified")
         if done.get("restored_from"):
             state["restored_from"] = done["restored_from"]
         if not missing and spec.get("inputs") and done.get("inputs") != inputs_digest(spec["inputs"]):
@@ -436,7 +465,12 @@ class _Job:
                 error = f"exited 0 but outputs are missing: {', '.join(missing)}"
             else:
                 outputs = sorted(m for p in self.spec["outputs"] for m in matches(p))
-                self.done = {"finished": time.time(), "outputs": outputs, "inputs": self.inputs}
+                self.done = {
+                    "finished": time.time(),
+                    "outputs": outputs,
+                    "inputs": self.inputs,
+                    "seals": seals(outputs),
+                }
                 if self.spec.get("record"):
                     gcs.write(self.spec["record"], json.dumps(self.done).encode())
                     faults.point("run.recorded-in-bucket")
@@ -767,6 +801,8 @@ def main(argv: list[str]) -> int:
             return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
         if command == "tail":
             return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
+        if command == "trusted":
+            return trusted(args[0], args[1] if len(args) > 1 else None)
         if command == "copy-down":
             with gcs.quick():
                 print(gcs.copy_down(args[0], os.path.expanduser(args[1])))
@@ -777,6 +813,21 @@ def main(argv: list[str]) -> int:
         return os_error(command, err)
     print(__doc__, file=sys.stderr)
     return 64
+
+
+def trusted(folder: str, job_dir: str | None) -> int:
+    """What fab checks before it reads a folder of outputs again (download, metrics): the folder is the SSH
+    user's alone, and the job that made it is done, its sealed outputs unchanged. One line and 65 if not."""
+    why = None if gcs.is_gcs(folder) else folders.problem(folder)
+    state = job_state(os.path.expanduser(job_dir)) if job_dir and why is None else {"state": JobState.DONE.value}
+    if why is None and state["state"] != JobState.DONE.value:
+        why = f"{folder}: its job is {state['state']}" + (f" ({state['error']})" if state.get("error") else "")
+    if why is not None:
+        print(f"{why}; nothing read from it", file=sys.stderr)
+        return 65
+    done = read_json(os.path.join(os.path.expanduser(job_dir), DONE)) if job_dir else None
+    print(json.dumps((done or {}).get("seals") or {}))
+    return 0
 
 
 def os_error_text(err: OSError) -> str:

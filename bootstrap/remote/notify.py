@@ -5,9 +5,11 @@
 The driver starts it when the pipeline ends (done, failed, or done with the Hub copy held back) and when it
 stops for a reason that needs the user (a driver the crontab gave up reviving), and never waits for it: a
 receiver that is down or slow changes nothing in the pipeline or in autostop. Each receiver's URL is a secret
-(in the secrets folder, as the token is): it is never printed, logged or written anywhere else. Each POST is
-tried TRIES times, TIMEOUT_SECONDS each; its outcome (never the URL) is one line of the pipeline folder's
-notifications.jsonl, which `fab status` shows. The body fits the receiver, by its URL or as named:
+(in the secrets folder, as the token is): it is never printed, logged or written anywhere else. The receivers
+are told side by side, each in a thread of its own: one that hangs, or answers something other than HTTP, keeps
+no other from being told. Each POST is tried TRIES times, each try whole (connect, send, answer) within
+TIMEOUT_SECONDS, however slowly the receiver trickles its answer; each receiver's outcome (never the URL) is one
+line of the pipeline folder's notifications.jsonl, which `fab status` shows. The body fits the receiver, by its URL or as named:
 Slack's and Discord's incoming webhooks, ntfy, or a plain JSON object for anything else.
 
 Standard library only: it runs on the VM beside driver.py.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -60,15 +63,37 @@ def send(url: str, kind: str, message: str, event: dict) -> dict:
     error = ""
     for attempt in range(1, TRIES + 1):
         try:
-            with urllib.request.urlopen(request(url, kind, message, event), timeout=TIMEOUT_SECONDS) as answer:
-                return {"ok": True, "status": answer.status, "tries": attempt}
-        except (OSError, ValueError) as err:  # its code or type alone: a message may quote the URL
+            return {"ok": True, "status": _post(request(url, kind, message, event)), "tries": attempt}
+        except Exception as err:  # noqa: BLE001 - any failure is an outcome; its code or type alone (a message may quote the URL)
             error = f"HTTP {err.code}" if isinstance(err, urllib.error.HTTPError) else _reason(err)
             if not retry.may_pass(err):  # refused (a 4xx): again would be refused again
                 break
         if attempt < TRIES:
             time.sleep(BACKOFF_SECONDS * attempt)
     return {"ok": False, "error": error, "tries": attempt}
+
+
+def _post(made: urllib.request.Request) -> int:
+    """One try, whole within TIMEOUT_SECONDS: urlopen's own timeout bounds each read, not an answer trickled a
+    byte at a time, so the try runs in a thread left behind (a daemon) once its time is up."""
+    answer: list = []
+
+    def post() -> None:
+        try:
+            with urllib.request.urlopen(made, timeout=TIMEOUT_SECONDS) as response:
+                response.read()
+                answer.append(response.status)
+        except BaseException as err:  # noqa: BLE001 - handed to the caller as is
+            answer.append(err)
+
+    worker = threading.Thread(target=post, daemon=True)
+    worker.start()
+    worker.join(TIMEOUT_SECONDS)
+    if not answer:
+        raise TimeoutError(f"no whole answer within {TIMEOUT_SECONDS:g} s")
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return answer[0]
 
 
 def _reason(err: BaseException) -> str:
@@ -130,14 +155,17 @@ def _last_line(folder: str) -> bytes:
 
 
 def notify(layout: jobrunner.Layout, event: dict) -> None:
-    """Each receiver the plan names, once: its outcome appended to notifications.jsonl."""
+    """Each receiver the plan names, once and side by side: its outcome appended to notifications.jsonl as it
+    comes."""
     plan = jobrunner.read_json(os.path.join(layout.pipeline, "plan.json")) or {}
     receivers = plan.get("notify") or []
     if not receivers:
         return
     described = describe(layout, event)
     text = message(described)
-    for receiver in receivers:
+    written = threading.Lock()
+
+    def tell(receiver: dict) -> None:
         try:
             with open(os.path.join(layout.secrets, receiver["secret"])) as f:
                 url = f.read().strip()
@@ -146,8 +174,14 @@ def notify(layout: jobrunner.Layout, event: dict) -> None:
         else:
             outcome = send(url, kind_of(url, receiver.get("kind", "")), text, described)
         line = {"t": time.time(), "event": event.get("kind", "finished"), "to": receiver["name"], **outcome}
-        with open(os.path.join(layout.pipeline, LOG), "a") as log:  # one whole line per write
+        with written, open(os.path.join(layout.pipeline, LOG), "a") as log:  # one whole line per write
             log.write(json.dumps(line) + "\n")
+
+    workers = [threading.Thread(target=tell, args=(receiver,)) for receiver in receivers]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
 def start(layout: jobrunner.Layout, event: dict) -> None:

@@ -8,6 +8,7 @@ never through a link, and never outside the local folder.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -45,17 +46,22 @@ def download(source: Source, directory: str, local: Path, on_file: OnFile, requi
     return files
 
 
-def download_verified(source: Source, directory: str, local: Path, on_file: OnFile) -> dict[str, int]:
+def download_verified(
+    source: Source, directory: str, local: Path, on_file: OnFile, sealed: str | None = None
+) -> dict[str, int]:
     """Copy the files an export's SHA256SUMS names, each verified by SHA-256 (resumable).
 
     A file here whose hash differs (another run's shard of the same size, a damaged copy) is
     fetched again; a fetched file that still differs fails the download. Names that would land
-    outside `local` are refused before anything is written.
+    outside `local` are refused before anything is written. With `sealed` (the SHA-256 the export job
+    recorded of its SHA256SUMS), a SHA256SUMS that is not that one is refused: it vouches for someone else's files.
     """
     where = f"{source.name}:{directory}/{manifest.NAME}"
     text = source.read_text(f"{directory}/{manifest.NAME}")  # all of it: a cut list would verify a part
     if text is None:
         raise UserError(f"{where}: not found; the export is not finished (run fab export)")
+    if sealed is not None and hashlib.sha256(text.encode()).hexdigest() != sealed:
+        raise UserError(f"{where}: not the one its export job verified (changed since); refused, nothing written")
     try:
         digests = manifest.parse(text)
     except ValueError as err:

@@ -82,7 +82,10 @@ def download(c, dest=None, arg=None, run_name=None):
     local = Path(dest) if dest else session.record.folder / "model"
     console.print(f"downloading {session.vm.where(remote)} to {local}")
     files = session.vm.download_verified(
-        remote, local, lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)")
+        remote,
+        local,
+        lambda path, size: console.print(f"  {path} ({size / 2**20:.1f} MiB)"),
+        made_by=session.plan.job("export").job_dir,
     )
     console.print(f"{len(files)} files, {sum(files.values()) / 2**30:.2f} GiB, SHA-256 verified: {local}")
 

@@ -25,7 +25,7 @@ from fabric import Connection
 from rich.console import Console
 
 from ..errors import UserError
-from ..remote import gcs, jobrunner
+from ..remote import gcs, jobrunner, manifest
 from ..remote.jobrunner import JobState, Layout
 from ..results import transfer
 from . import startup
@@ -473,6 +473,7 @@ class Vm:
         VM, which reads the bucket with its service account. The VM does not autostop meanwhile."""
         with self.in_use():
             if not gcs.is_gcs(directory):
+                self.trusted(directory)
                 return transfer.download(self, directory, local, on_file, required)
             staging = self.layout.from_bucket(directory)
             self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
@@ -481,12 +482,24 @@ class Vm:
             return transfer.download(self, staging, local, on_file, required)
 
     def download_verified(
-        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None
+        self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None, made_by: str | None = None
     ) -> dict[str, int]:
-        """Copy an export, every file verified against its SHA256SUMS (transfer.download_verified); the VM does
-        not autostop meanwhile."""
+        """Copy an export, every file verified against its SHA256SUMS (transfer.download_verified), that
+        SHA256SUMS the one its job (`made_by`, a job folder) sealed when it verified the export; the VM does not
+        autostop meanwhile."""
         with self.in_use():
-            return transfer.download_verified(self, directory, local, on_file)
+            seals = self.trusted(directory, made_by)
+            sealed = next((digest for path, digest in seals.items() if path.endswith(f"/{manifest.NAME}")), None)
+            if made_by and sealed is None:
+                raise UserError(f"{self.where(directory)}: its job sealed no {manifest.NAME}: export it again")
+            return transfer.download_verified(self, directory, local, on_file, sealed)
+
+    def trusted(self, folder: str, made_by: str | None = None) -> dict[str, str]:
+        """Refuse to read `folder` again unless it is the SSH user's alone and the job that made it (a job
+        folder) is done with its sealed outputs unchanged (jobrunner's `trusted`); its seals."""
+        args = [folder, made_by] if made_by else [folder]
+        out = self.check(self.runner("trusted", *args), f"checking {folder} before reading it")
+        return json.loads(out or "{}")
 
     def read_text(self, path: str) -> str | None:
         with self._io():

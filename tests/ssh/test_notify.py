@@ -94,16 +94,13 @@ def test_a_held_back_run_says_so(fab: Fab, receiver: Receiver):
 
 def test_a_receiver_that_is_down_changes_nothing_and_status_says_so(fab: Fab, receiver: Receiver, monkeypatch):
     receiver.close()  # nothing answers at its address any more
-    started = time.monotonic()
     done = fab("train", "--arg", "vars.num_batches=2")
-    took = time.monotonic() - started
     assert done.returncode == 0, done.stdout + done.stderr
     log = fab.tmp / "state" / "pipeline" / "notifications.jsonl"
     wait_for(log.exists, 120, "the notifier's outcome")
     (line,) = [json.loads(line) for line in log.read_text().splitlines()]
     assert line["ok"] is False and line["tries"] == 3 and receiver.secret not in log.read_text()
-    assert "not sent: " in fab("status").stdout
-    assert took < 120  # fab train ended with the pipeline, not after the notifier's tries
+    assert "not sent: " in fab("status").stdout  # that the driver never waits for it: tests/unit/test_notify.py
 
 
 def current(fab: Fab) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.loopback import REPO, Fab, edit_yaml
 
@@ -150,12 +152,52 @@ def test_metrics_and_download_after_a_run(fab: Fab):
     assert verified.returncode == 0, verified.stdout  # the manifest is sha256sum's own format
 
 
+def reseal(fab: Fab, run: str) -> None:
+    """Seal the export's files as they are now in its job's done marker, as the job does once it verified them."""
+    done = fab.job_dir(run, "export") / "done"
+    marker = json.loads(done.read_text())
+    marker["seals"] = {path: hashlib.sha256(Path(path).read_bytes()).hexdigest() for path in marker["seals"]}
+    done.write_text(json.dumps(marker))
+
+
+def test_an_export_changed_after_it_was_verified_is_never_downloaded_and_is_made_again(fab: Fab, tmp_path):
+    """The export job sealed its SHA256SUMS when it verified the export: another SHA256SUMS (and the weights it
+    vouches for) put there since is refused by fab download, writing nothing, and the next pass exports again."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    run = current_run(fab)
+    remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run
+    made = {p.name: p.read_bytes() for p in remote.iterdir()}
+    (remote / "model.safetensors").write_bytes(b"someone else's weights")
+    (remote / "SHA256SUMS").write_text(
+        "".join(
+            f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n"
+            for p in sorted(remote.iterdir())
+            if p.name != "SHA256SUMS"
+        )  # fmt: skip
+    )
+    dest = tmp_path / "model"
+    refused = fab("download", "--dest", str(dest))
+    assert (
+        refused.returncode == 2 and "SHA256SUMS, model.safetensors changed since it was verified" in refused.stderr
+    ), refused.stderr
+    assert not dest.exists()
+    status = {job["job"]: job["state"] for job in json.loads(fab("status", "--json").stdout)["jobs"]}
+    assert status["export"] == "lost"
+    again = fab("train", "--arg", "vars.num_batches=2")
+    assert again.returncode == 0 and "export: was done but " in again.stdout, again.stdout
+    assert sorted(p.name for p in remote.iterdir()) == sorted(made)  # made again from the run's checkpoints
+    assert (remote / "model.safetensors").read_bytes() != b"someone else's weights"
+    assert fab("download", "--dest", str(dest)).returncode == 0
+    assert (dest / "model.safetensors").read_bytes() == (remote / "model.safetensors").read_bytes()
+
+
 def test_download_refuses_names_that_leave_dest(fab: Fab):
     assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
     remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / current_run(fab)
     dest = fab.tmp / "dest" / "model"
     for hostile in ("../escaped", "/tmp/escaped", "a/../../escaped"):
         (remote / "SHA256SUMS").write_text(f"{'0' * 64}  config.json\n{'1' * 64}  {hostile}\n")
+        reseal(fab, current_run(fab))  # as if the export job itself had written it
         result = fab("download", "--dest", str(dest))
         assert result.returncode == 2
         assert f"{hostile!r} is not a plain relative file name; refused, nothing written to {dest}" in result.stderr
@@ -187,9 +229,11 @@ def test_download_never_mixes_exports_nor_writes_through_links(fab: Fab, tmp_pat
     # a download stopped half way already says whose files these are: another export is refused there
     other, original = tmp_path / "other", (remote / "SHA256SUMS").read_text()
     (remote / "SHA256SUMS").write_text(original + f"{'3' * 64}  zz-missing.bin\n")  # stops at this file
+    reseal(fab, current_run(fab))
     assert fab("download", "--dest", str(other)).returncode == 2
     assert (other / "SHA256SUMS").read_text() == (remote / "SHA256SUMS").read_text()
     (remote / "SHA256SUMS").write_text(original)
+    reseal(fab, current_run(fab))
     again = fab("download", "--dest", str(other))
     assert again.returncode == 2 and "holds another export" in again.stderr
 
@@ -209,6 +253,7 @@ def test_a_manifest_over_a_mebibyte_is_read_whole(fab: Fab, tmp_path):
             (dest / path.name).write_bytes(path.read_bytes())
     written = subprocess.run([sys.executable, REPO / "bootstrap" / "remote" / "manifest.py", remote], check=True)
     assert written.returncode == 0 and (remote / "SHA256SUMS").stat().st_size > 1 << 20
+    reseal(fab, current_run(fab))  # as the export job would have sealed it
     result = fab("download", "--dest", str(dest))
     assert result.returncode == 0, result.stderr
     verified = subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=dest, capture_output=True, text=True)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 
 from tests.loopback import Fab
 
@@ -36,3 +39,41 @@ def test_the_work_folder_is_made_private_before_any_job(fab: Fab):
     assert result.returncode == 0, result.stdout + result.stderr
     made = (shm / "llama3.1-8b-Instruct").stat()
     assert made.st_mode & 0o777 == 0o700 and made.st_uid == os.geteuid()
+
+
+def test_an_export_another_account_planted_after_a_restart_is_never_taken_downloaded_or_listed(fab: Fab, tmp_path):
+    """The review's HIGH: the run is done; a restart empties /dev/shm; another account makes the work folder
+    again and puts an export of its own (SHA256SUMS and all) where the run's was. The next pass takes nothing as
+    done from the markers in the private state folder, fab download writes nothing, fab runs lists no export."""
+    shm = fab.tmp / "shm"
+    shm.mkdir()
+    shm.chmod(0o1777)
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    run = (fab.tmp / "state" / "current-run").read_text().strip()
+    work = shm / "llama3.1-8b-Instruct"
+    export = work / "hf-trained" / run
+    theirs = {p.name: p.read_bytes() for p in export.iterdir()}  # their copy of the layout, weights of their own
+    theirs["model.safetensors"] = b"someone else's weights"
+    theirs["SHA256SUMS"] = "".join(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted(theirs.items()) if name != "SHA256SUMS"
+    ).encode()
+    shutil.rmtree(work)  # the restart
+    export.mkdir(parents=True)
+    for name, data in theirs.items():
+        (export / name).write_bytes(data)
+    for folder, _, files in os.walk(work):
+        os.chown(folder, NOBODY, NOBODY)
+        os.chmod(folder, 0o777)
+        for name in files:
+            os.chown(os.path.join(folder, name), NOBODY, NOBODY)
+
+    dest = tmp_path / "model"
+    download = fab("download", "--dest", str(dest))
+    assert download.returncode == 2 and f"{work} belongs to " in download.stderr, download.stderr
+    assert not dest.exists()
+    runs = json.loads(fab("runs", "--json").stdout)
+    assert "vm" not in next(row for row in runs if row["run"] == run)["kept"]
+    again = fab("train", "--arg", "vars.num_batches=2")
+    assert again.returncode == 2 and "preflight folder: vars.work_dir" in again.stderr, again.stdout + again.stderr
+    assert "skipping" not in again.stdout  # nothing taken as done
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == theirs and work.stat().st_uid == NOBODY

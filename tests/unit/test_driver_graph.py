@@ -116,8 +116,8 @@ def test_a_fresh_vm_runs_setup_and_prefetch_together_then_the_chain():
 def test_everything_done_is_a_no_op():
     jobs = FakeJobs({name: JobState.DONE for name in CHAIN})
     assert jobs.drive().outcome is PipelineState.DONE
-    assert jobs.calls == []
-    assert [e["action"] for e in jobs.events] == ["skip"] * 6
+    assert jobs.calls == ["folders"]  # every pass: a done job's outputs are trusted only in the user's own folders
+    assert [e["action"] for e in jobs.events if e["event"] == "decide"] == ["skip"] * 6
 
 
 def test_a_job_only_done_jobs_need_is_not_run():
@@ -140,7 +140,7 @@ def test_a_job_run_alone_on_a_new_vm_finds_itself_in_the_bucket_before_its_needs
     """`fab convert` on a new VM whose converted model is kept: prefetch, which it needs, is not needed."""
     jobs = FakeJobs({"setup": JobState.DONE, "convert": JobState.DONE})
     graph = jobs.drive(starts=["convert"])
-    assert graph.outcome is PipelineState.DONE and jobs.calls == []
+    assert graph.outcome is PipelineState.DONE and jobs.calls == ["folders"]
     assert [e["message"] for e in jobs.events if e.get("job") == "prefetch"] == [
         "prefetch: not needed, convert done already"
     ]
@@ -155,15 +155,16 @@ def test_a_running_job_is_adopted_never_started_twice():
     jobs = FakeJobs({n: JobState.DONE for n in CHAIN[:4]} | {"train": JobState.RUNNING})
     graph = jobs.graph()
     graph.step()
-    assert [e["action"] for e in jobs.events if e["job"] == "train"] == [Action.ATTACH.value]
+    assert [e["action"] for e in jobs.events if e.get("job") == "train"] == [Action.ATTACH.value]
     for _ in range(3):  # it keeps running: nothing else happens
         graph.step()
-    assert jobs.calls == ["launch train"]  # a launch of a running job adopts it (jobrunner.launch)
+    assert jobs.calls == ["folders", "launch train"]  # a launch of a running job adopts it (jobrunner.launch)
     jobs.states["train"] = JobState.DONE
     while graph.step():
         pass
-    # the folders' check and the preflight before a job it starts: an adopted one was checked when it started
-    assert jobs.calls == ["launch train", "folders", "preflight", "launch export"]
+    # the folders' check first, on every pass; the TPU's preflight before a job it starts: an adopted one was
+    # checked when it started
+    assert jobs.calls == ["folders", "launch train", "preflight", "launch export"]
 
 
 def test_a_runner_that_died_is_relaunched_once_to_adopt_its_job():
@@ -193,7 +194,9 @@ def test_a_done_job_whose_outputs_vanished_runs_again_while_something_needs_them
     assert jobs.calls == ["folders", "preflight", "launch convert", "launch train", "launch export"]
     everything_after_done = FakeJobs({n: JobState.DONE for n in CHAIN} | {"convert": JobState.LOST})
     everything_after_done.drive()
-    assert everything_after_done.calls == []  # train and export are done: the model need not be converted again
+    assert everything_after_done.calls == [
+        "folders"
+    ]  # train and export are done: the model need not be converted again
 
 
 def test_a_failed_preflight_starts_no_tpu_job():
@@ -211,8 +214,18 @@ def test_a_folder_someone_else_owns_starts_no_job_at_all():
     jobs.folder_checks = [{"check": "folder", "ok": False, "message": "vars.work_dir /dev/shm/m: belongs to mallory"}]
     graph = jobs.drive()
     assert graph.outcome is PipelineState.FAILED and jobs.calls == ["folders"]
-    assert graph.failed["setup"] == graph.failed["prefetch"] == "the VM's preflight failed"
-    assert all(graph.failed[name].startswith("needs ") for name in ("validate", "convert", "train", "export"))
+    assert graph.failed == {"preflight": "the run's folders are not the SSH user's alone"}
+
+
+def test_a_folder_someone_else_made_after_a_restart_vouches_for_no_done_job():
+    """Every job done and its outputs there, but the work folder is another account's now (a restart emptied
+    /dev/shm and it made the folder again, an export of its own inside): nothing is taken as done or skipped,
+    nothing runs, and the pass fails on the folder."""
+    jobs = FakeJobs({name: JobState.DONE for name in CHAIN})
+    jobs.folder_checks = [{"check": "folder", "ok": False, "message": "vars.work_dir /dev/shm/m: belongs to mallory"}]
+    graph = jobs.drive()
+    assert graph.outcome is PipelineState.FAILED and jobs.calls == ["folders"] and not graph.done
+    assert [e["event"] for e in jobs.events] == ["preflight"]
 
 
 def test_a_needed_job_that_is_not_done_blocks_before_anything_starts():
@@ -220,7 +233,7 @@ def test_a_needed_job_that_is_not_done_blocks_before_anything_starts():
         {"setup": JobState.DONE, "validate": JobState.DONE, "prefetch": JobState.DONE, "convert": JobState.FAILED}
     )
     graph = jobs.drive(starts=["setup", "train"])
-    assert jobs.calls == [] and graph.outcome is PipelineState.FAILED  # not even setup, which needs nothing
+    assert jobs.calls == ["folders"] and graph.outcome is PipelineState.FAILED  # not even setup, which needs nothing
     assert [e["event"] for e in jobs.events if e.get("job") == "convert"] == ["needed"]
 
 
