@@ -11,8 +11,10 @@ its source, much wider; a stage no figure covers is said to be unknown and left 
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
+from ..errors import Problem, UserError
 from ..jobs.plan import Plan
 from .runs import RunRecord, all_records
 
@@ -21,6 +23,7 @@ CALIBRATED_SPREAD = 0.25  # +-, on a run of this machine's records
 RL_DEFAULTS = {"batch_size": 1, "rl.num_generations": 2, "max_target_length": 1024,
                "max_prefill_predict_length": 256, "num_test_batches": 5, "eval_batch_size": 32,
                "num_eval_passes": 1, "eval_interval": 10}  # fmt: skip
+MAY_BE_ZERO = ("num_test_batches", "eval_interval")  # no evals; no evals during training
 GUIDE_STEPS, GUIDE_TRAIN_S, GUIDE_CONVERT_S = 50, 600, 300
 UNCALIBRATED = {  # (low, high) seconds and where the figure comes from; other stages are unknown
     "convert": (GUIDE_CONVERT_S * 0.5, GUIDE_CONVERT_S * 2, "the public guide: about 5 minutes on a v6e-8"),
@@ -58,6 +61,7 @@ class Estimate:
     chips: int
     price: float | None  # per chip-hour
     price_source: str
+    left_out: tuple[str, ...] = ()  # each damaged run record, in one line: not calibrated on
 
     def _span(self, end: str) -> float:
         """The pipeline's time: its longest chain of needs (setup beside prefetch, validate beside convert)."""
@@ -100,7 +104,7 @@ class Estimate:
             if self.price is not None
             else f"  cost           {self.price_source}"
         )
-        return [*lines, cost]
+        return [*lines, cost, *(f"  left out of the calibration: {line}" for line in self.left_out)]
 
     def to_dict(self) -> dict:
         low_h, high_h = self.chip_hours()
@@ -115,6 +119,7 @@ class Estimate:
             "price_per_chip_hour": self.price,
             "price_source": self.price_source,
             "cost": [round(low_h * self.price, 2), round(high_h * self.price, 2)] if self.price is not None else None,
+            "left_out": list(self.left_out),
         }
 
 
@@ -136,9 +141,25 @@ def span(low: float, high: float) -> str:
 
 
 def work(argv: list[str]) -> dict[str, float]:
-    """What a train step and an eval do, from train's arguments (rl.yml's values for the rest)."""
+    """What a train step and an eval do, from train's arguments (rl.yml's values for the rest). A size that is
+    not a positive number (a count of test batches or an eval interval may be 0) is refused: no run does negative
+    work, and an estimate of it would be nonsense."""
     args = {**RL_DEFAULTS, **{k: v for k, _, v in (a.partition("=") for a in argv) if k in RL_DEFAULTS}}
-    value = {k: float(v) for k, v in args.items()}
+    value = {}
+    for key, raw in args.items():
+        try:
+            value[key] = float(raw)
+        except (TypeError, ValueError):
+            value[key] = math.nan
+        least = 0 if key in MAY_BE_ZERO else 1
+        if not (math.isfinite(value[key]) and value[key] >= least):
+            raise UserError(
+                Problem(
+                    "train",
+                    key,
+                    f"{str(raw)[:40]!r} is not a number of at least {least} (jobs/train.yaml or --arg train.{key})",
+                )
+            )
     new_tokens = max(1.0, value["max_target_length"] - value["max_prefill_predict_length"])
     return {
         "step": value["batch_size"] * value["rl.num_generations"] * new_tokens,
@@ -191,12 +212,10 @@ def _usable(timing: dict | None) -> bool:
         return False
 
 
-def calibration(plan: Plan) -> RunRecord | None:
-    """The last run of this machine's records whose train is done with a usable time split, of this shape."""
-    try:
-        records = all_records()
-    except (OSError, ValueError, TypeError):  # an unreadable record: fab runs says which; nothing calibrates
-        return None
+def calibration(plan: Plan, damaged: list[str] | None = None) -> RunRecord | None:
+    """The last run of this machine's records whose train is done with a usable time split, of this shape; a
+    damaged record is left out, its line added to `damaged`."""
+    records = all_records([] if damaged is None else damaged)
     wanted = shape(plan)
     fits = [
         r for r in records
@@ -206,7 +225,11 @@ def calibration(plan: Plan) -> RunRecord | None:
 
 
 def estimate(plan: Plan, provisioning: str | None = None) -> Estimate:
-    record = calibration(plan)
+    for job in plan.jobs:
+        if job.name == "train" and job.rendered is not None:
+            work(job.rendered.argv[3:])  # a size that is no positive number is refused, calibrated or not
+    damaged: list[str] = []
+    record = calibration(plan, damaged)
     stages = [
         replace(_calibrated(plan, job, record) if record else _uncalibrated(plan, job), needs=tuple(job.needs))
         for job in plan.jobs
@@ -214,7 +237,8 @@ def estimate(plan: Plan, provisioning: str | None = None) -> Estimate:
     if plan.spec.results.hub_repo or plan.spec.results.gcs:
         stages.append(replace(_copies(record), needs=("export",)))
     price, source = price_of(plan, provisioning)
-    return Estimate(tuple(stages), record.name if record else "", max(1, plan.accelerator.chips), price, source)
+    chips = max(1, plan.accelerator.chips)
+    return Estimate(tuple(stages), record.name if record else "", chips, price, source, tuple(damaged))
 
 
 def _duration(record: RunRecord, name: str) -> float | None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..errors import UserError
 from ..paths import runs_dir
 
 CURRENT = "current"
@@ -69,10 +71,18 @@ class RunRecord:
 
     @classmethod
     def load(cls, name: str) -> RunRecord:
+        """The run's record; a new one if there is none. A record that cannot be read, or whose figures make no
+        sense (a start time as text, an infinite time, an end before its start), is refused in one line naming
+        its file (DamagedRecord): no figure of it is added, compared or scaled."""
         path = runs_dir() / name / "record.json"
         if not path.exists():
             return cls(name)
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise DamagedRecord(f"{path}: cannot be read ({type(err).__name__}: {str(err)[:120]})") from None
+        if why := damage(data):
+            raise DamagedRecord(f"{path}: {why}")
         return cls(**{key: data[key] for key in FIELDS if key in data})
 
     def save(self) -> None:
@@ -106,10 +116,54 @@ def _replace(path: Path, text: str) -> None:
         raise
 
 
-def all_records() -> list[RunRecord]:
-    """Every run this machine has a record of, oldest first."""
-    names = sorted(p.parent.name for p in runs_dir().glob("*/record.json"))
-    return sorted((RunRecord.load(name) for name in names), key=lambda r: (_started(r) or 0, r.name))
+class DamagedRecord(UserError):
+    """A run's record.json that cannot be trusted: one line naming the file and what is wrong."""
+
+
+def _seconds(value) -> bool:
+    """A time or a duration as the records keep it: a finite number (never text, a bool or infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def damage(data) -> str | None:
+    """What makes a record's data unusable, or None: the types its readers rely on and times that make sense."""
+    if not isinstance(data, dict) or not isinstance(data.get("name", ""), str):
+        return f"not a run record (a {type(data).__name__})"
+    kinds = {"jobs": dict, "evals": list, "results": dict, "machine": str, "chips": int, "timing": (dict, type(None)),
+             "estimate": (dict, type(None)), "settings": (list, type(None))}  # fmt: skip
+    for key, kind in kinds.items():
+        if key in data and not isinstance(data[key], kind):
+            return f"{key} is a {type(data[key]).__name__}"
+    for job, state in data.get("jobs", {}).items():
+        if not isinstance(state, dict):
+            return f"jobs.{job} is a {type(state).__name__}"
+        times = {k: state.get(k) for k in ("started", "finished") if state.get(k) is not None}
+        if bad := next((k for k, v in times.items() if not _seconds(v)), None):
+            return f"jobs.{job}.{bad} is not a time: {str(times[bad])[:40]!r}"
+        if len(times) == 2 and times["finished"] < times["started"]:
+            return f"jobs.{job} finished before it started"
+    for key in ("startup_s", "step_s", "steps", "eval_s", "evals") if data.get("timing") else ():
+        value = data["timing"].get(key)
+        if not (_seconds(value) and value >= 0):
+            return f"timing.{key} is not a duration: {str(value)[:40]!r}"
+    estimate = data.get("estimate") or {}
+    if any(k in estimate and not _seconds(estimate[k]) for k in ("low_s", "high_s")):
+        return "estimate.low_s or high_s is not a duration"
+    return None
+
+
+def all_records(damaged: list[str] | None = None) -> list[RunRecord]:
+    """Every run this machine has a record of, oldest first; a damaged one is left out, its line added to
+    `damaged` (or raised, without that list)."""
+    found = []
+    for name in sorted(p.parent.name for p in runs_dir().glob("*/record.json")):
+        try:
+            found.append(RunRecord.load(name))
+        except DamagedRecord as err:
+            if damaged is None:
+                raise
+            damaged.append(str(err))
+    return sorted(found, key=lambda r: (_started(r) or 0, r.name))
 
 
 def _started(record: RunRecord) -> float | None:

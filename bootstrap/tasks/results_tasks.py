@@ -134,7 +134,10 @@ def list_runs(c, json_=False):
         found, host, now, chips = None, "", lambda run, settings: None, 0
     if found and found.get("bucket_error"):
         say(f"the bucket was not read: {found['bucket_error']}")
-    rows = side_by_side.rows(runs.all_records(), found, now, chips, host)
+    damaged: list[str] = []
+    rows = side_by_side.rows(runs.all_records(damaged), found, now, chips, host)
+    for line in damaged:
+        say(f"left out: {line}")
     if json_:
         print(json.dumps(rows, indent=1))
         return

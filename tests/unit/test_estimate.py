@@ -5,7 +5,12 @@ the work, and an uncalibrated one that says so and leaves out what nothing measu
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -30,11 +35,14 @@ def line(at: float, text: str) -> str:
     return f"I1201 12:{int(minutes):02d}:{seconds:09.6f} 140 {text}"
 
 
-def train_log(startup: float, step: float, steps: int, eval_every: int, eval_s: float, save_s: float) -> str:
-    """A log whose split is known by construction: start-up, then `steps` steps of `step` s, an eval of `eval_s`
-    after every `eval_every`-th step, a checkpoint save held `save_s` at each step."""
-    now, lines = 0.0, [line(0, "max_utils.py:815] System Information: Jax Version: 0.12.0.1")]
-    now = startup
+def train_log(
+    startup: float, step: float, steps: int, eval_every: int, eval_s: float, save_s: float, start: float = 0.0
+) -> str:
+    """A log whose split is known by construction: from `start` (seconds after 12:00), start-up, then `steps`
+    steps of `step` s, an eval of `eval_s` after every `eval_every`-th step, a checkpoint save held `save_s` at each
+    step."""
+    lines = [line(start, "max_utils.py:815] System Information: Jax Version: 0.12.0.1")]
+    now = start + startup
     for n in range(1, steps + 1):
         now += step
         lines.append(line(now, TRAIN_STEP.format(n)))
@@ -56,7 +64,7 @@ def test_the_split_is_what_the_log_took():
 
 def test_only_the_last_attempt_of_an_appended_log_is_split():
     first = train_log(startup=30.0, step=9.0, steps=3, eval_every=10, eval_s=0, save_s=0)
-    second = train_log(startup=12.0, step=1.5, steps=4, eval_every=10, eval_s=0, save_s=0)
+    second = train_log(startup=12.0, step=1.5, steps=4, eval_every=10, eval_s=0, save_s=0, start=600.0)
     split = timing.from_log(f"[tpu-rl] starting train\n{first}\n[tpu-rl] starting train\n{second}")
     assert (split["startup_s"], split["step_s"], split["steps"]) == (pytest.approx(12.0), pytest.approx(1.5), 4)
 
@@ -183,6 +191,15 @@ def test_an_earlier_run_on_another_accelerator_calibrates_nothing(runs, jobs_wit
     assert estimate.estimate(plan_for("vars.num_batches=4", jobs=jobs_with(accelerator="v6e-8"))).calibrated_on == ""
 
 
+def test_an_earlier_run_on_other_chips_of_the_same_count_calibrates_nothing(runs, jobs_with):
+    """Eight v5e chips are not eight v6e chips: the accelerator itself is part of the shape, not only its count."""
+    v5e = jobs_with(accelerator="host", chips=8, chip_kind="TPU v5 lite")
+    earlier_run(plan_for("vars.num_batches=4", jobs=v5e))
+    assert estimate.estimate(plan_for("vars.num_batches=4", jobs=v5e)).calibrated_on == "r1"
+    v6e = plan_for("vars.num_batches=4", jobs=jobs_with(accelerator="v6e-8"))
+    assert v6e.accelerator.chips == 8 and estimate.estimate(v6e).calibrated_on == ""
+
+
 def test_the_total_follows_the_longest_chain_of_needs(runs):
     earlier_run(plan_for(), elsewhere=True, setup=500.0, prefetch=100.0, validate=50.0, convert=200.0, export=30.0)
     found = estimate.estimate(plan_for("vars.num_batches=8"))
@@ -192,8 +209,10 @@ def test_the_total_follows_the_longest_chain_of_needs(runs):
 
 def test_the_cost_is_at_the_users_price_else_the_list_price_else_none(runs, jobs_with):
     plan = plan_for()
-    hours = estimate.estimate(plan, "STANDARD").chip_hours()
-    assert estimate.estimate(plan, "STANDARD").to_dict()["cost"] == [round(h * 2.70, 2) for h in hours]
+    found = estimate.estimate(plan, "STANDARD")
+    hours = (found.low_s / 3600 * 8, found.high_s / 3600 * 8)  # a v6e-8: eight chips billed for the whole time
+    assert found.low_s > 0 and found.chip_hours() == pytest.approx(hours)
+    assert found.to_dict()["cost"] == [round(h * 2.70, 2) for h in hours]
     mine = estimate.estimate(plan_for(jobs=jobs_with(price_per_chip_hour=1.5)), "STANDARD").to_dict()
     assert mine["cost"] == [round(h * 1.5, 2) for h in hours] and mine["price_source"] == "vm.price_per_chip_hour"
     reserved = estimate.estimate(plan, "RESERVATION_BOUND")
@@ -218,3 +237,57 @@ def test_a_job_done_already_in_an_earlier_run_is_not_this_runs_time(runs):
         "train": {"ran": True, "started": 90_000.0, "finished": 90_600.0},
     }
     assert estimate.took(record) == 600.0
+
+
+def fab(*args: str, runs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args],
+        capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(runs), "COLUMNS": "200"}, timeout=120,
+    )  # fmt: skip
+
+
+DAMAGES = {
+    "cut": lambda data: json.dumps(data)[:40],
+    "list": lambda data: json.dumps([data]),
+    "text-start": lambda data: json.dumps({**data, "jobs": {**data["jobs"], "train": {**data["jobs"]["train"], "started": "yesterday"}}}),
+    "infinite": lambda data: json.dumps({**data, "timing": {**data["timing"], "step_s": float("inf")}}),
+    "missing": lambda data: json.dumps({**data, "timing": {k: v for k, v in data["timing"].items() if k != "step_s"}}),
+    "backwards": lambda data: json.dumps({**data, "jobs": {**data["jobs"], "train": {**data["jobs"]["train"], "finished": 1.0}}}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_record_is_left_out_in_one_line_and_the_others_still_calibrate_and_list(runs, damage):
+    """One damaged record among good ones: fab plan still calibrates on the good one and names the damaged
+    file in one line; fab runs lists the good one and names the damaged one; no traceback, no inf, no negative."""
+    good = earlier_run(plan_for("vars.num_batches=4"))
+    data = json.loads((good.folder / "record.json").read_text())
+    (runs / "zz-damaged").mkdir()
+    (runs / "zz-damaged" / "record.json").write_text(DAMAGES[damage]({**data, "name": "zz-damaged"}))
+    plan = fab("plan", "--arg", "vars.num_batches=8", runs=runs)
+    assert plan.returncode == 0, plan.stderr
+    shown = [line for line in plan.stdout[plan.stdout.index("estimate (") :].splitlines() if "left out" not in line]
+    assert "calibrated on run r1" in shown[0]
+    assert not [line for line in shown if re.search(r"\b(inf|nan)\b|\d--\d|(?<![\w.+])-\d", line)], shown
+    (said,) = [line for line in plan.stdout.splitlines() if "left out of the calibration" in line]
+    assert str(runs / "zz-damaged" / "record.json") in said
+    listed = fab("runs", runs=runs)
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert "r1" in listed.stdout and f"left out: {runs / 'zz-damaged' / 'record.json'}: " in listed.stdout
+
+
+def test_a_record_that_is_a_folder_is_one_line_for_fab_runs(runs):
+    earlier_run(plan_for("vars.num_batches=4"))
+    (runs / "zz" / "record.json").mkdir(parents=True)
+    listed = fab("runs", "--json", runs=runs)
+    assert listed.returncode == 0 and [row["run"] for row in json.loads(listed.stdout)] == ["r1"]
+    assert f"left out: {runs / 'zz' / 'record.json'}: cannot be read (IsADirectoryError" in listed.stderr
+
+
+@pytest.mark.parametrize("setting", ["train.batch_size=-1", "train.rl.num_generations=0", "train.num_eval_passes=0"])
+def test_a_size_of_no_positive_work_is_refused_before_any_estimate(runs, setting):
+    refused = fab("plan", "--arg", setting, runs=runs)
+    key = setting.split("=")[0].removeprefix("train.")
+    assert refused.returncode != 0 and refused.stdout == ""
+    (error,) = refused.stderr.strip().splitlines()
+    assert error.startswith(f"error: train: {key}: ") and "not a number of at least 1" in error
