@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+LONG_WORD = re.compile(r"\S{101,}")  # a value quoted back longer than anyone reads in one error line
+
+
+def shortened(text: str) -> str:
+    """`text` with each word over 100 characters cut to its first 40 and how long it was."""
+    return LONG_WORD.sub(lambda m: f"{m[0][:40]}...({len(m[0]):,} characters)", text)
 
 
 @dataclass(frozen=True)
@@ -14,7 +22,7 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.source}:{self.line}" if self.line else self.source
-        return f"{where}: {self.key}: {self.message}"
+        return shortened(f"{where}: {self.key}: {self.message}")
 
 
 class UserError(Exception):

@@ -101,15 +101,33 @@ def notify_urls(names: list[str], source: str, required: bool) -> dict[str, str]
     return found
 
 
+_HANDLED: set[str] = set()  # every secret value this process has read (here): redact hides each of them
+
+
+def here(notify: list[str]) -> dict[str, str]:
+    """Every secret value set on this machine, by name: the token and the webhook URLs of results.notify
+    (`notify`: its entries). Each is then hidden by `redact`, wherever this process quotes it."""
+    found = {}
+    for name in [*KNOWN, *(entry.split(":", 1)[0] for entry in notify)]:
+        if value := lookup(name) if name in KNOWN else os.environ.get(name, "").strip():
+            found[name] = value
+    _HANDLED.update(found.values())
+    return found
+
+
+def describe(name: str) -> str:
+    """What a secret is, for a message: the token's description, else a webhook URL's."""
+    return KNOWN[name].split(" (")[0] if name in KNOWN else f"{name}, a webhook URL of results.notify"
+
+
 def redact(text: str) -> str:
-    """`text` with the value of every secret set on this machine replaced."""
-    for name in KNOWN:
-        try:
-            value = lookup(name)
-        except UserError:  # a token that cannot be read: none to redact (this may be the error saying so)
-            continue
-        if value:
-            text = text.replace(value, REDACTED)
+    """`text` with the value of every secret set on this machine (and every one this process read) replaced."""
+    try:
+        known = set(here([]).values())
+    except UserError:  # a token that cannot be read: none to redact (this may be the error saying so)
+        known = set()
+    for value in sorted(_HANDLED | known, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
     return text
 
 

@@ -84,7 +84,15 @@ def derive(setting: str, chips: int | None, kind: str | None, machine_type: str 
         if setting == HOST and (not chips or not kind):
             why = "vm.accelerator: host needs vm.chips (how many) and vm.chip_kind (JAX's device_kind) to check"
             return Accelerator(HOST, chips or 0, kind or ""), why
-        return Accelerator(setting, chips or 0, kind or "", source="vm.accelerator"), ""
+        chosen = Accelerator(setting, chips or 0, kind or "", source="vm.accelerator")
+        if stack is not None and (setting == CPU or (chips, kind) != (stack.chips, topology.DEVICE_KIND)):
+            has = "no TPU" if setting == CPU else f"{chips} x {kind}"
+            why = (
+                f"{setting} ({has}), but the stack's VM is {stack.machine_type}: {stack.chips} x "
+                f"{topology.DEVICE_KIND} ({stack.accelerator}); set vm.accelerator: auto (the stack's)"
+            )
+            return chosen, why
+        return chosen, ""
     if chips is not None or kind is not None:
         why = (
             f"vm.chips and vm.chip_kind come from vm.accelerator ({setting}); remove them, or set vm.accelerator: host"

@@ -225,8 +225,12 @@ def check_secret_values(pipeline: Pipeline, values: dict[str, str]) -> list[Prob
             for name in (n for n, secret in values.items() if secret and secret in value):
                 where = origin(*path)
                 source = where.source.replace(values[name], secrets.REDACTED)
-                message = f"holds the value of your {name}; {secrets.KNOWN[name].split(' (')[0]} reaches a job "
-                message += f"only through its environment: declare `secrets: [{name}]` in the job instead"
+                if name in secrets.KNOWN:
+                    message = f"holds the value of your {name}; {secrets.describe(name)} reaches a job only through "
+                    message += f"its environment: declare `secrets: [{name}]` in the job instead"
+                else:
+                    message = f"holds the value of your {secrets.describe(name)} (a secret): it reaches the VM only "
+                    message += f"as results.notify names {name}, never in a job"
                 key = ".".join(path).replace(values[name], secrets.REDACTED)
                 found.setdefault((source, key), Problem(source, key, message, where.line))
 

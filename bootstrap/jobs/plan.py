@@ -110,9 +110,11 @@ def secret_sources(pipeline: Pipeline) -> dict[str, list[str]]:
 def check_local(files: JobFiles, overrides: list[str]) -> Pipeline:
     """Every problem in jobs/ and the overrides, MaxText's keys included, before anything is contacted;
     also a secret set on this machine whose value was written into the job files or the overrides."""
+    notify = (files.pipeline.data.get("results") or {}).get("notify")  # its URLs redacted from any error below
+    secrets.here([entry for entry in notify if isinstance(entry, str)] if isinstance(notify, list) else [])
     pipeline = resolve(files, overrides)
     problems = check.check_pipeline(pipeline)
-    problems += check.check_secret_values(pipeline, secrets.available({"this machine": list(secrets.KNOWN)}))
+    problems += check.check_secret_values(pipeline, secrets.here(pipeline.spec.results.notify))
     if problems:
         raise UserError(problems)
     return pipeline

@@ -112,18 +112,26 @@ def write_card(template: str, results: list[dict], repo: str = "", run: str = ""
 
 def held_by(api: HfApi, repo: str) -> dict | None:
     """The GSM8K accuracy the repository's model scored, as its card's model-index states it ({accuracy,
-    problems, run}); None for a repository that does not exist or states none."""
+    problems, run}); None for a repository that does not exist or states none that makes sense (an accuracy out
+    of 0-100; a count of problems that is no positive integer counts as unknown)."""
     try:
         card = api.model_info(repo).card_data
-    except RepositoryNotFoundError:
+    except (RepositoryNotFoundError, ValueError):  # none, or a card huggingface_hub cannot read: it states nothing
         return None
     for item in (card.eval_results if card is not None else None) or []:
-        if item.dataset_type == DATASET and item.metric_type == METRIC and isinstance(item.metric_value, (int, float)):
+        if item.dataset_type == DATASET and item.metric_type == METRIC and _percent(item.metric_value):
             args = item.metric_args if isinstance(item.metric_args, dict) else {}
-            problems = args.get("problems") if isinstance(args.get("problems"), int) else None
+            count = args.get("problems")
+            problems = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
             run = (item.source_name or "").removeprefix(SOURCE) if (item.source_name or "").startswith(SOURCE) else ""
             return {"accuracy": float(item.metric_value), "problems": problems, "run": run}
     return None
+
+
+def _percent(value) -> bool:
+    """An accuracy a card may state: a finite number from 0 to 100 (a card is anyone's to edit: -2, inf or nan
+    state nothing, and hold nothing back)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
 
 
 def not_better(result: dict, there: dict | None, run: str, repo: str) -> str | None:

@@ -18,6 +18,7 @@ STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
 STEP = re.compile(r"Train step (\d+) training loss")
 SAVE = re.compile(r"CompositeCheckpointHandler\.async_save\. Time taken: ([\d.]+)s")  # what a save held training up
 DONE = "RL Training Completed Successfully"
+HALF_A_YEAR_S = 182 * 86400  # a line this much earlier than the last came after New Year's midnight
 ATTEMPT = "[tpu-rl] starting "  # jobrunner's note at each start of a job: its log is appended to
 
 
@@ -41,11 +42,15 @@ class TrainTiming:
     saves_s: float = 0.0
     last_mark: float | None = None  # the last step's or the trainer's end line: an eval after it began there
     ended: float | None = None
+    year: int = field(default_factory=lambda: time.localtime().tm_year)  # absl writes none: the first line's
 
     def feed(self, line: str) -> None:
-        at = stamp(line)
+        at = stamp(line, self.year)
         if at is None:
             return
+        if self.ended is not None and at < self.ended - HALF_A_YEAR_S:  # December, then January: a new year
+            self.year += 1
+            at = stamp(line, self.year)
         self.first = self.first if self.first is not None else at
         self.ended = at
         if m := STEP.search(line):

@@ -53,7 +53,6 @@ def open_session(
     connect.refuse_several_hosts(c, None)  # -H's, read from the command line; the stack's once read
     sources = secret_sources(pipeline)
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
-    values |= secrets.notify_urls(pipeline.spec.results.notify, str(files.pipeline.path), runs_jobs)
     inputs.passed()
     dial = dial or Dial(c, console.print, connects=not recover)
     outputs = dial.outputs()
@@ -62,6 +61,10 @@ def open_session(
     planned_with = gke_session().overrides(files, target, overrides) if target else overrides
     if target and recover:
         raise UserError("--recover recreates the vm backend's VM; on gke the cluster replaces lost nodes itself")
+    if target and pipeline.spec.results.notify:
+        why = "the gke backend tells no receiver yet (its driver runs in the cluster): set notify: [] for a gke stack"
+        raise UserError([pipeline.doc.origin("results", "notify").problem("results.notify", why)])
+    values |= secrets.notify_urls(pipeline.spec.results.notify, str(files.pipeline.path), runs_jobs)
     expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
     token_check = (
         TokenCheck(values["HF_TOKEN"], check.base_model_of(pipeline), pipeline.spec.results.hub_repo)

@@ -467,3 +467,14 @@ def test_on_gke_the_hub_job_judges_the_run_from_the_evals_train_recorded_in_the_
     assert better.returncode == 0, better.stdout + better.stderr
     card = fab.hub.repos[repo]["README.md"].decode()
     assert "| before training | 45.49 |" in card and "value: 60.65" in card and "name: tpu-rl run r10" in card
+
+
+def test_notify_on_a_gke_stack_is_refused_in_one_line_before_its_variables_are_asked_for(fab, tmp_path):
+    """The review: results.notify was silently ignored on gke while fab train still demanded its variables."""
+    pipeline = tmp_path / "jobs" / "pipeline.yaml"
+    pipeline.write_text(pipeline.read_text().replace("  notify: []", "  notify: [TPU_RL_UNSET_HOOK]"))
+    script(fab.kube)
+    result = fab("train", "--detach")
+    assert result.returncode == 2 and not fab.kube.jobsets, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "results.notify: the gke backend tells no receiver yet" in line and "TPU_RL_UNSET_HOOK" not in line

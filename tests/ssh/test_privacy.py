@@ -32,9 +32,13 @@ def test_a_work_folder_another_account_made_first_starts_nothing_and_is_left_alo
 
 
 def test_the_work_folder_is_made_private_before_any_job(fab: Fab):
+    """Our own work folder, left open by an earlier tool (0755): the check makes it 0700 before any job (the jobs
+    make only missing folders, 0700, and leave an existing one as it is)."""
     shm = fab.tmp / "shm"
     shm.mkdir()
     shm.chmod(0o1777)
+    (shm / "llama3.1-8b-Instruct").mkdir(mode=0o755)
+    (shm / "llama3.1-8b-Instruct").chmod(0o755)
     result = fab("train", "--arg", "vars.num_batches=2")
     assert result.returncode == 0, result.stdout + result.stderr
     made = (shm / "llama3.1-8b-Instruct").stat()

@@ -4,12 +4,16 @@ HBM cannot hold the run is refused before anything is made."""
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+import yaml
 
 from bootstrap.errors import UserError
 from bootstrap.jobs import accelerator, load, schema
 from bootstrap.jobs.plan import build, expected_environment
 from bootstrap.paths import REPO
+from tests.pulumi.program import Stack, run_program
 
 # The CPU tier's tiny model (tests/maxtext_cpu/conftest.py TINY): a run four or one v6e chips hold.
 TINY = [
@@ -112,3 +116,32 @@ def test_a_host_of_its_own_sets_no_tpu_variable_and_is_checked_as_given():
     assert tpu_env(plan) == {} and "chips_per_vm=1" in plan.job("train").rendered.argv
     expected = expected_environment(plan.spec, plan.accelerator)
     assert (expected.chips, expected.chip_kind, expected.slice_env) == (1, "TPU v5 lite", {})
+
+
+@pytest.mark.parametrize(
+    ("setting", "chips", "kind", "has"),
+    [("cpu", None, None, "cpu (no TPU)"), ("host", 4, "TPU v6 lite", "host (4 x TPU v6 lite)"),
+     ("host", 8, "TPU v5 lite", "host (8 x TPU v5 lite)")],
+)  # fmt: skip
+def test_a_cpu_or_a_host_of_other_chips_on_a_v6e_stack_is_refused_in_one_line(setting, chips, kind, has):
+    """What the review found passing fab and the Pulumi program, to fail only on the VM after setup."""
+    _, why = accelerator.derive(setting, chips, kind, "ct6e-standard-8t")
+    assert why == (
+        f"{has}, but the stack's VM is ct6e-standard-8t: 8 x TPU v6 lite (v6e-8); set vm.accelerator: auto (the "
+        "stack's)"
+    )
+
+
+def test_a_host_of_the_stacks_own_chips_is_taken_and_the_pulumi_program_refuses_a_cpu(tmp_path, monkeypatch):
+    assert accelerator.derive("host", 8, "TPU v6 lite", "ct6e-standard-8t")[1] == ""
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    files = load.read(jobs)
+    files.pipeline.data["vm"]["accelerator"] = "cpu"
+    (jobs / "pipeline.yaml").write_text(yaml.safe_dump(files.pipeline.data, sort_keys=False))
+    monkeypatch.setenv("TPU_RL_JOBS", str(jobs))
+    stack = Stack()
+    with pytest.raises(Exception) as raised:
+        run_program({}, stack=stack)
+    assert type(raised.value).__name__ == "ConfigError" and stack.resources == []
+    assert "vm.accelerator: cpu (no TPU), but the stack's VM is ct6e-standard-8t" in str(raised.value)

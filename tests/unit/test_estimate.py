@@ -291,3 +291,12 @@ def test_a_size_of_no_positive_work_is_refused_before_any_estimate(runs, setting
     assert refused.returncode != 0 and refused.stdout == ""
     (error,) = refused.stderr.strip().splitlines()
     assert error.startswith(f"error: train: {key}: ") and "not a number of at least 1" in error
+
+
+def test_a_train_over_new_years_midnight_is_split_as_it_ran():
+    """absl stamps no year: steps on 31 December and 1 January are seconds apart, not a year back."""
+    lines = ["I1231 23:59:50.000000 140 max_utils.py:815] System Information: Jax Version: 0.12.0.1"]
+    lines += [f"I1231 23:59:{54 + 2 * n:02d}.000000 140 {TRAIN_STEP.format(n + 1)}" for n in range(3)]
+    lines += [f"I0101 00:00:{2 * n:02d}.000000 140 {TRAIN_STEP.format(n + 4)}" for n in range(3)]
+    split = timing.from_log("\n".join(lines))
+    assert (split["steps"], split["step_s"]) == (6, pytest.approx(2.0)) and split["total_s"] == pytest.approx(14.0)

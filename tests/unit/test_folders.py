@@ -131,3 +131,15 @@ def test_a_folder_added_to_the_job_files_is_checked_without_being_listed():
     assert plan.folders["vars.scratch"] == "/tmp/scratch-of-mine"
     assert plan.folders["export.env.CACHE"] == "/var/c"
     assert plan.folders["train.base_output_directory"] == "/tmp/scratch-of-mine/out"  # named by its key
+
+
+def test_an_ssh_user_who_is_not_root_keeps_their_own_folders_and_is_refused_anothers(tmp_path):
+    """The other tests run as root; the VM's SSH user is not: checked as `nobody`, a folder of nobody's own (and
+    root's above it) passes, one of a third account's is refused."""
+    mine = tmp_path / "mine" / "model"
+    mine.mkdir(parents=True)
+    os.chown(mine.parent, NOBODY, NOBODY)
+    os.chown(mine, NOBODY, NOBODY)
+    assert folders.problem(str(mine), uid=NOBODY) is None
+    os.chown(mine, 4242, 4242)
+    assert f"{mine} belongs to uid 4242, not to " in folders.problem(str(mine), uid=NOBODY)

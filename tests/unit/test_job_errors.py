@@ -246,3 +246,41 @@ def test_the_token_pieced_together_or_in_any_part_of_the_job_files_is_refused(tm
     assert result.returncode == 2 and token not in result.stderr + result.stdout
     assert "export.yaml" in result.stderr and "after.0.4: holds the value of your HF_TOKEN" in result.stderr
     assert "pipeline.yaml" in result.stderr and "environment.install_env.UV_INDEX: holds" in result.stderr
+
+
+def notify_jobs(tmp_path: Path, entry: str) -> Path:
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    text = (jobs / "pipeline.yaml").read_text().replace("  notify: []", f"  notify: [{entry!r}]")
+    (jobs / "pipeline.yaml").write_text(text)
+    return jobs
+
+
+HOOK_URL = "https://hooks.slack.com/services/T000/B000/" + "s3cr3t" * 4
+
+
+@pytest.mark.parametrize("setting", [f"train.env.X={HOOK_URL}", f"train.num_batches={HOOK_URL}"])
+def test_a_webhook_url_on_the_command_line_is_refused_and_never_printed(tmp_path, setting):
+    """A receiver's URL is a secret as the token is: written into an --arg it is refused, in lines that never
+    quote it (the plan would show it, the VM's argv or environment would hold it)."""
+    env = {**os.environ, "SLACK_URL": HOOK_URL, "TPU_RL_JOBS": str(notify_jobs(tmp_path, "SLACK_URL")),
+           "TPU_RL_RUNS": str(tmp_path / "runs")}  # fmt: skip
+    refused = fab("plan", "--arg", setting, env=env)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "holds the value of your SLACK_URL, a webhook URL of results.notify" in refused.stderr
+    assert "s3cr3t" not in refused.stderr and "<redacted>" in refused.stderr
+
+
+def test_a_url_written_into_results_notify_is_refused_without_quoting_it(tmp_path):
+    env = {**os.environ, "TPU_RL_JOBS": str(notify_jobs(tmp_path, HOOK_URL)), "TPU_RL_RUNS": str(tmp_path / "runs")}
+    refused = fab("plan", env=env)
+    assert refused.returncode == 2 and "s3cr3t" not in refused.stderr
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.endswith("results.notify.0: is a URL (not repeated here: it may be a secret), not the name of a "
+                         "variable holding one: export NAME=<the URL> on this machine and write NAME here")  # fmt: skip
+
+
+def test_a_value_quoted_back_is_cut_to_a_readable_length():
+    refused = fab("plan", "--arg", f"vars.num_batches={'9' * 10_000}")
+    (line,) = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(line) < 400 and "...(10,018 characters)" in line

@@ -186,3 +186,19 @@ def test_most_steps_without_reward_spread_are_said_and_a_healthy_run_is_quiet():
         "more rl.num_generations or a reward with partial credit gives it one"
     )
     assert metrics.flat_rewards(series([0.5, 0, 0.5, 0.25])) is None and metrics.flat_rewards({}) is None
+
+
+GOOD_EVAL = {"phase": "post", "step": None, "corr": 3, "total": 4, "accuracy": 75.0, "partial_accuracy": 75.0,
+             "format_accuracy": 100.0, "mean_reward": 0.5}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"accuracy": float("nan")}, {"mean_reward": float("inf")}, {"total": 0}, {"phase": "later"}, {"step": "10"},
+     {"corr": "3"}, {"accuracy": None}],
+)  # fmt: skip
+def test_a_recorded_eval_that_is_not_as_parse_makes_it_is_never_read(damage):
+    """A record in a folder that is not ours alone: one that no eval line could have made judges nothing."""
+    assert evals.valid(GOOD_EVAL) and not evals.valid({**GOOD_EVAL, **damage})
+    recorded = [json.dumps({**GOOD_EVAL, "recorded": 1.0}), json.dumps({**GOOD_EVAL, **damage, "recorded": 2.0})]
+    assert attempts.recorded_evals(recorded, None) == attempts.recorded_evals(recorded[:1], None)
