@@ -29,10 +29,11 @@ import random
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
-from bootstrap.remote import faults
+from bootstrap.remote import faults, manifest
 from tests import campaign, gcslayer, hubstub
 
 UNREACHED = {  # points this pipeline never reaches, and why (each is in the AST check all the same)
@@ -270,3 +271,21 @@ def test_a_driver_killed_after_saving_its_end_does_not_leave_fab_train_streaming
     case.call(**case.kill_env("driver.saved@2"))  # a pass with every job done: saved at its start, then its end
     assert case.killed() == ["driver.saved"]
     assert not case.calls[-1].hung, "fab train was still streaming 15 s after its driver was gone"
+
+
+def test_an_export_planted_after_a_restart_is_never_taken_nor_copied(cases, reference, tmp_path):
+    """The review's HIGH as a fault: the run is done and copied; a restart empties /dev/shm; something else writes
+    an export of its own (its SHA256SUMS and all) where the run's was. The export job's seal no longer holds, so
+    the next pass makes the export again from the bucket's checkpoints; the planted weights reach no copy and
+    every invariant holds."""
+    case = cases(tmp_path, "planted")
+    assert case.drive(), case.calls[-1].err
+    case.reboot()
+    planted = Path(case.export_dir)
+    planted.mkdir(parents=True)
+    for name, data in reference.items():
+        (planted / name).write_bytes(b"planted weights" if name == "model.safetensors" else data)
+    manifest.write(str(planted))
+    assert case.drive(), case.calls[-1].err
+    assert campaign.export_files(case.export_dir) == reference
+    assert campaign.violations(case, reference, {len(case.calls) - 1}) == []
