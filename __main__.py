@@ -32,6 +32,11 @@ if settings.gke:
 else:
     from infra.tpu_vm import TpuVm
 
+    if settings.provisioning_model == "FLEX_START" and settings.zone not in stack_settings.FLEX_START_ZONES:
+        pulumi.log.warn(
+            f"gcp:zone {settings.zone} is not one of Google's v6e flex-start zones "
+            f"({', '.join(stack_settings.FLEX_START_ZONES)}): the VM may wait in PENDING for capacity that never comes"
+        )
     if settings.ssh_open_to_all:
         pulumi.log.warn(
             "tpu-rl:sshSourceRanges allows SSH from every address; set it to your own range, "

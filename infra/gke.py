@@ -19,7 +19,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from .settings import PROJECT, Settings
+from .settings import PROJECT, Settings, label_value
 from .storage import BUCKET_ROLES, results_bucket
 
 TPU_MACHINE_TYPE = "ct6e-standard-4t"
@@ -161,7 +161,7 @@ class GkeSlice(pulumi.ComponentResource):
         super().__init__(f"{PROJECT}:index:GkeSlice", name, None, opts)
         s, gke = settings, settings.gke
         child = pulumi.ResourceOptions(parent=self)
-        labels = {"app": PROJECT, "stack": pulumi.get_stack()}
+        labels = {"app": PROJECT, "stack": label_value(pulumi.get_stack())}
 
         self.cluster = gcp.container.Cluster(
             "cluster",

@@ -98,6 +98,15 @@ BACKENDS = ("vm", "gke")
 GKE_TOPOLOGIES = ("2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*-[a-z0-9-]+")
 EVERYWHERE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+# The address ranges kept for documentation (RFC 5737, RFC 3849): no one's laptop is there, so a firewall rule for
+# them opens port 22 to no one, and buys a VM nobody can reach. Pulumi.dev.yaml's placeholder is one of them.
+DOCUMENTATION_RANGES = tuple(
+    ipaddress.ip_network(r) for r in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)
+# Pulumi.dev.yaml's placeholders: a stack that still holds one was not filled in.
+PLACEHOLDERS = {"gcp:project": "my-gcp-project", f"{PROJECT}:reservation": "my-v6e-8-reservation"}
+MAX_INSTANCE_NAME = 56  # its network tag, tpu-rl-<name>, must fit GCE's 63 characters
+FLEX_START_ZONES = ("asia-northeast1-b", "us-east5-a")  # where v6e is offered as flex-start (Cloud TPU docs)
 
 
 class ConfigError(pulumi.RunError):
@@ -106,6 +115,12 @@ class ConfigError(pulumi.RunError):
 
 def fail(key: str, problem: str, fix: str) -> None:
     raise ConfigError(f"{key}: {problem}. {fix}")
+
+
+def label_value(text: str) -> str:
+    """`text` as a GCE label value takes it: lower case, letters, digits, _ and -, at most 63 (a stack may be
+    named Dev.Team; its label becomes dev-team)."""
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
 
 
 @dataclass(frozen=True)
@@ -231,7 +246,7 @@ def check_public_key(key: str, value: str) -> str:
 
 def source_ranges(key: str, ranges: tuple[str, ...] | None) -> tuple[tuple[str, ...], bool]:
     """Valid CIDR ranges, and whether together they cover every IPv4 or every IPv6 address."""
-    fix = 'List your own address range, e.g. pulumi config set --path "tpu-rl:sshSourceRanges[0]" 203.0.113.7/32'
+    fix = 'List your own address range: pulumi config set --path "tpu-rl:sshSourceRanges[0]" "$(curl -4 -s ifconfig.me)/32"'
     if ranges is None:
         ranges = ("0.0.0.0/0",)  # unset: open, with the warning below
     if not ranges:
@@ -242,6 +257,18 @@ def source_ranges(key: str, ranges: tuple[str, ...] | None) -> tuple[tuple[str, 
             networks.append(ipaddress.ip_network(text, strict=True))
         except ValueError as err:
             fail(key, f"{text[:60]!r} is not a CIDR range ({err})", fix)
+        if networks[-1].version == 6:
+            fail(
+                key,
+                f"{text} is an IPv6 range: the VM has no IPv6 address",
+                "Use your IPv4 address: curl -4 -s ifconfig.me",
+            )
+        if any(networks[-1].subnet_of(doc) for doc in DOCUMENTATION_RANGES if doc.version == 4):
+            fail(
+                key,
+                f"{text} is a documentation range (the placeholder?): no one could reach the VM",
+                'Use your own address: pulumi config set --path "tpu-rl:sshSourceRanges[0]" "$(curl -4 -s ifconfig.me)/32"',
+            )
     open_to_all = any(
         list(ipaddress.collapse_addresses(n for n in networks if n.version == everywhere.version)) == [everywhere]
         for everywhere in EVERYWHERE
@@ -259,6 +286,9 @@ def read(raw: Mapping[str, str | None]) -> Settings:
         fail(unknown[0], "unknown key", f"{hint}Known keys: {', '.join(known)}")
     r = _Reader(raw)
     t = f"{PROJECT}:"
+    for key, placeholder in PLACEHOLDERS.items():
+        if (r.text(key) or "").strip() == placeholder:
+            fail(key, f"{placeholder} is Pulumi.dev.yaml's placeholder", f"Set your own: pulumi config set {key} VALUE")
     gcp_project = r.name("gcp:project", GCP_PROJECT, "A project ID: 6-30 lower-case letters, digits and -")
     if not gcp_project:
         fail("gcp:project", "missing", "Set it: pulumi config set gcp:project YOUR_PROJECT_ID")
@@ -277,6 +307,12 @@ def read(raw: Mapping[str, str | None]) -> Settings:
         )
     gce_rule = "GCE names: 1-63 lower-case letters, digits and -, starting with a letter"
     instance_name = r.name(t + "instanceName", GCE_NAME, gce_rule, "tpu-rl-v6e-8")
+    if len(instance_name) > MAX_INSTANCE_NAME:
+        fail(
+            t + "instanceName",
+            f"{len(instance_name)} characters: its network tag {PROJECT}-NAME would pass GCE's 63",
+            f"Use at most {MAX_INSTANCE_NAME} characters",
+        )
     machine_type = r.name(
         t + "machineType",
         re.compile(r"ct6e-standard-(1|4|8)t"),
@@ -307,8 +343,9 @@ def read(raw: Mapping[str, str | None]) -> Settings:
     if model == "RESERVATION_BOUND" and not reservation:
         fail(
             t + "reservation",
-            "missing; a RESERVATION_BOUND VM must name its reservation",
-            f"Set it: pulumi config set {t}reservation YOUR_RESERVATION (or choose another {t}provisioningModel)",
+            "missing; a RESERVATION_BOUND VM (a future reservation: calendar mode) must name its reservation",
+            f"Set it: pulumi config set {t}reservation YOUR_RESERVATION. An ordinary reservation: also set "
+            f"{t}provisioningModel STANDARD. None: STANDARD, SPOT or FLEX_START",
         )
     if reservation and model in ("SPOT", "FLEX_START"):
         fail(

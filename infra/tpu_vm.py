@@ -13,10 +13,16 @@ from pathlib import Path
 import pulumi
 import pulumi_gcp as gcp
 
-from .settings import PROJECT, Settings
+from .settings import PROJECT, Settings, label_value
 from .storage import BUCKET_ROLES, results_bucket
 
 STARTUP_SCRIPT = Path(__file__).resolve().parents[1] / "bootstrap" / "startup.sh"
+BOOT_DISK_TYPE = "hyperdisk-balanced"  # v6e machines take Hyperdisk Balanced or Hyperdisk ML only
+# Metadata Compute Engine may write on a TPU VM itself: never removed by the next `pulumi up`.
+GCE_METADATA = ("tpu-env", "accelerator-type", "agent-worker-number", "worker-network-endpoints")
+# What the instance cannot change in place (the provider would refuse without allow_stopping_for_update, which
+# stops the VM and keeps its name): a new machine type or identity is a new VM, made as a replacement.
+REPLACED_ON = ("machineType", "serviceAccount")
 
 
 def scheduling(settings: Settings) -> gcp.compute.InstanceSchedulingArgs:
@@ -56,7 +62,8 @@ def metadata(settings: Settings) -> dict[str, str]:
     }
     if settings.os_login:
         entries["enable-oslogin"] = "TRUE"
-    else:
+    else:  # said on the instance: a project with OS Login on would otherwise ignore ssh-keys, and fab could not log in
+        entries["enable-oslogin"] = "FALSE"
         entries["ssh-keys"] = f"{settings.ssh_user}:{settings.ssh_public_key}"
     return entries
 
@@ -69,7 +76,7 @@ class TpuVm(pulumi.ComponentResource):
         s = settings
         # Declared at the top level before this component existed: keep those URNs.
         child = pulumi.ResourceOptions(parent=self, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)])
-        labels = {"app": PROJECT, "stack": pulumi.get_stack(), "instance": s.instance_name}
+        labels = {"app": PROJECT, "stack": label_value(pulumi.get_stack()), "instance": s.instance_name}
         network_tag = f"{PROJECT}-{s.instance_name}"
 
         self.bucket = None
@@ -120,7 +127,7 @@ class TpuVm(pulumi.ComponentResource):
             machine_type=s.machine_type,
             boot_disk=gcp.compute.InstanceBootDiskArgs(
                 initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                    image=s.image, size=s.boot_disk_gb, labels=labels
+                    image=s.image, size=s.boot_disk_gb, type=BOOT_DISK_TYPE, labels=labels
                 ),
             ),
             network_interfaces=[
@@ -136,7 +143,14 @@ class TpuVm(pulumi.ComponentResource):
             labels=labels,
             # The name is fixed, so a replacement (`fab train --recover` of a stopped VM, a new machine
             # type) must delete the old instance before it creates the new one.
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(delete_before_replace=True)),
+            opts=pulumi.ResourceOptions.merge(
+                child,
+                pulumi.ResourceOptions(
+                    delete_before_replace=True,
+                    replace_on_changes=list(REPLACED_ON),
+                    ignore_changes=[f'metadata["{key}"]' for key in GCE_METADATA],
+                ),
+            ),
         )
         self.external_ip = self.instance.network_interfaces[0].access_configs[0].nat_ip
         self.register_outputs({"instance_id": self.instance.instance_id, "external_ip": self.external_ip})

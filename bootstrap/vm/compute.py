@@ -21,6 +21,9 @@ from ..errors import UserError
 COMPUTE_API_ENV = "TPU_RL_COMPUTE_API"
 RECOVER = "fab train --recover"
 RUNNING = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")  # on its way up, or up
+# A FLEX_START instance waiting for capacity (Compute Engine's instance status PENDING). The provider's create waits
+# for RUNNING and stops on any state it does not list, this one included (docs/maintainers.md: the first pulumi up).
+WAITING = "PENDING"
 T = TypeVar("T")
 
 
@@ -87,8 +90,15 @@ class Gone:
     why: str
     exists: bool  # a stopped instance must be replaced; a deleted one is only created again
     foreign: bool = False  # another instance has the name: never touched by fab
+    waiting: bool = False  # made, and waiting for capacity: never replaced (it would lose its place)
 
     def __str__(self) -> str:
+        if self.waiting:
+            return (
+                f"the stack's VM {self.name} {self.why}; nothing is recreated. Once `gcloud compute instances describe "
+                f"{self.name} --format='value(status)'` says RUNNING, run `pulumi up --refresh` (a first pulumi up "
+                "stops on \"unexpected state 'PENDING'\": this records the VM it made), then fab train"
+            )
         if self.foreign:
             return (
                 f"the stack's VM {self.name} {self.why}; fab never replaces an instance the stack did not make: "
@@ -109,6 +119,8 @@ def gone(outputs: dict) -> Gone | None:
     # Identity before status: a stopped instance that the stack did not make is still not ours to replace.
     if expected and found.id != expected:
         return Gone(name, f"is another instance (id {found.id}, the stack's is {expected})", True, foreign=True)
+    if found.status == WAITING:
+        return Gone(name, "is PENDING: waiting for capacity (FLEX_START)", True, waiting=True)
     if found.status not in RUNNING:
         return Gone(name, f"is {found.status} (stopped: by autostop or from the VM itself)", True)
     return None

@@ -87,7 +87,10 @@ def connection(c: Context, say: Callable[[str], None], outputs: dict | None = No
     else:
         outputs = outputs if outputs is not None else stack_outputs()
         if not outputs.get("hosts"):
-            raise UserError("the Pulumi stack has no `hosts` output yet: run `pulumi up` first")
+            raise UserError(
+                'the Pulumi stack has no `hosts` output yet: run `pulumi up` first (if it stopped on "unexpected state '
+                "'PENDING'\", the VM waits for capacity: run `pulumi up --refresh` once it is RUNNING; docs/vm.md)"
+            )
         conn = Connection(one_host(outputs["hosts"]), user=outputs.get("ssh_user"), config=c.config)
         hostkeys.pin_stack_vm(conn.client, outputs, conn.host, conn.port, say)
     # fab -t puts the timeout in connect_kwargs as well, which Connection.open then refuses as ambiguous
@@ -128,7 +131,7 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
     if gone is None:
         say(f"the stack's VM {outputs['instance_name']} runs: nothing to recreate")
         return outputs
-    if gone.foreign:
+    if gone.foreign or gone.waiting:
         raise UserError(str(gone))
     if not outputs.get("instance_urn") or gone.exists and not outputs.get("instance_id"):
         missing = "instance_urn" if not outputs.get("instance_urn") else "instance_id"  # without the id: whose VM?

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pulumi
 import pulumi.runtime
+import pulumi.runtime.mocks
 
 PROGRAM = Path(__file__).resolve().parents[2] / "__main__.py"
 FAKE_IP = "203.0.113.10"
@@ -19,7 +20,7 @@ BASE_CONFIG = {
     "gcp:zone": "us-east5-b",
     "tpu-rl:reservation": "my-v6e-reservation",
     "tpu-rl:sshPublicKey": PUBLIC_KEY,
-    "tpu-rl:sshSourceRanges": ["198.51.100.0/24"],
+    "tpu-rl:sshSourceRanges": ["100.64.7.0/24"],
 }
 
 
@@ -28,6 +29,7 @@ class Resource:
     type: str
     name: str
     inputs: dict
+    options: dict = field(default_factory=dict)  # what the engine is told besides the inputs (replaceOnChanges, ...)
 
 
 @dataclass
@@ -64,13 +66,31 @@ class RecordingMocks(pulumi.runtime.Mocks):
         return {}
 
 
-def run_program(config: dict, drop: tuple[str, ...] = (), stack: Stack | None = None) -> Stack:
-    """Run the program with BASE_CONFIG updated by `config` (minus `drop`), recording into `stack`."""
+OPTIONS = ("replaceOnChanges", "ignoreChanges", "deleteBeforeReplace")
+
+
+class RecordingMonitor(pulumi.runtime.mocks.MockMonitor):
+    """Pulumi's mock monitor, also keeping the resource options of each registration (the mocks see inputs only)."""
+
+    def __init__(self, mocks: RecordingMocks):
+        super().__init__(mocks)
+        self.stack = mocks.stack
+
+    def RegisterResource(self, request):  # noqa: N802 - the monitor's gRPC name
+        answer = super().RegisterResource(request)
+        if request.type != "pulumi:pulumi:Stack":
+            self.stack.resources[-1].options = {name: getattr(request, name) for name in OPTIONS}
+        return answer
+
+
+def run_program(config: dict, drop: tuple[str, ...] = (), stack: Stack | None = None, name: str = "dev") -> Stack:
+    """Run the program as stack `name` with BASE_CONFIG updated by `config` (minus `drop`), recording into `stack`."""
     merged = {**BASE_CONFIG, **config}
     for key in drop:
         merged.pop(key)
     stack = stack if stack is not None else Stack()
-    pulumi.runtime.set_mocks(RecordingMocks(stack), project="tpu-rl", stack="dev", preview=False)
+    mocks = RecordingMocks(stack)
+    pulumi.runtime.set_mocks(mocks, project="tpu-rl", stack=name, preview=False, monitor=RecordingMonitor(mocks))
     pulumi.runtime.set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in merged.items()})
     exports: dict = {}
 

@@ -124,3 +124,39 @@ def test_no_token_reaches_metadata_state_or_outputs(monkeypatch):
     assert token not in everything
     assert "HF_TOKEN" not in everything
     assert "hf_" not in run_program({}).one(INSTANCE)["metadata"]["startup-script"]
+
+
+def test_ssh_keys_come_with_os_login_said_off_on_the_instance(vm):
+    """A project with OS Login on ignores ssh-keys unless the instance says otherwise: fab could not log in."""
+    assert vm["metadata"]["enable-oslogin"] == "FALSE" and vm["metadata"]["ssh-keys"].startswith("tpu-rl:ssh-ed25519 ")
+
+
+def test_the_boot_disk_is_one_a_v6e_takes(vm):
+    assert vm["bootDisk"]["initializeParams"]["type"] == "hyperdisk-balanced"
+
+
+def test_a_new_machine_type_or_identity_replaces_the_vm_and_gces_own_metadata_is_kept():
+    """In place, the provider would refuse both without allow_stopping_for_update; the program means a new VM. Keys
+    Compute Engine may write on a TPU VM are never removed by the next pulumi up."""
+    (instance,) = run_program({}).of_type(INSTANCE)
+    assert set(instance.options["replaceOnChanges"]) == {"machineType", "serviceAccount"}
+    assert instance.options["deleteBeforeReplace"] is True  # its name is fixed
+    assert set(instance.options["ignoreChanges"]) == {
+        f'metadata["{key}"]'
+        for key in ("tpu-env", "accelerator-type", "agent-worker-number", "worker-network-endpoints")
+    }
+
+
+def test_a_stack_name_gce_refuses_as_a_label_is_cleaned():
+    (instance,) = run_program({}, name="Dev.Team").of_type(INSTANCE)
+    assert instance.inputs["labels"]["stack"] == "dev-team"
+
+
+@pytest.mark.parametrize(("zone", "warned"), [("us-east5-a", False), ("us-east5-b", True)])
+def test_flex_start_outside_googles_flex_start_zones_is_warned(zone, warned, monkeypatch):
+    said = []
+    monkeypatch.setattr("pulumi.log.warn", lambda text, *args, **kwargs: said.append(text))
+    run_program({"gcp:zone": zone, "tpu-rl:provisioningModel": "FLEX_START", "tpu-rl:maxRunDurationSeconds": "14400"},
+                drop=("tpu-rl:reservation",))  # fmt: skip
+    flex = [line for line in said if "flex-start zones" in line]
+    assert bool(flex) is warned and (not warned or "asia-northeast1-b, us-east5-a" in flex[0])

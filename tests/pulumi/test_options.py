@@ -50,7 +50,7 @@ def test_firewall_ssh_only_from_configured_ranges_and_only_this_vm():
     stack = run_program({})
     rule = stack.one(FIREWALL)
     assert rule["allows"] == [{"protocol": "tcp", "ports": ["22"]}]
-    assert rule["sourceRanges"] == ["198.51.100.0/24"]
+    assert rule["sourceRanges"] == ["100.64.7.0/24"]
     assert rule["targetTags"] == stack.one(INSTANCE)["tags"]
 
 

@@ -7,7 +7,7 @@ import yaml
 
 from infra import settings
 
-from .program import run_program
+from .program import PUBLIC_KEY, Stack, run_program
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,10 +30,27 @@ def test_local_backend_by_default():
     assert yaml.safe_load((REPO / "Pulumi.yaml").read_text())["backend"]["url"] == "file://~"
 
 
-def test_dev_stack_holds_placeholders_that_the_program_refuses():
+@pytest.mark.parametrize(
+    ("filled", "refused"),
+    [
+        ({}, "gcp:project: my-gcp-project is Pulumi.dev.yaml's placeholder"),
+        ({"gcp:project": "my-project"}, "tpu-rl:reservation: my-v6e-8-reservation is Pulumi.dev.yaml's placeholder"),
+        (
+            {"gcp:project": "my-project", "tpu-rl:reservation": "r1"},
+            "tpu-rl:sshPublicKey: the key data is not base64 (is it still the placeholder?)",
+        ),
+        (
+            {"gcp:project": "my-project", "tpu-rl:reservation": "r1", "tpu-rl:sshPublicKey": PUBLIC_KEY},
+            "tpu-rl:sshSourceRanges: 203.0.113.7/32 is a documentation range (the placeholder?)",
+        ),
+    ],
+)
+def test_dev_stacks_every_placeholder_is_refused_before_anything_is_declared(filled, refused):
+    """A VM bought with a placeholder would be one nobody can reach: each is refused, in one line, until the user
+    has replaced them all."""
     config = yaml.safe_load((REPO / "Pulumi.dev.yaml").read_text())["config"]
     assert not any("secure" in str(v) for v in config.values())
-    with pytest.raises(
-        Exception, match="tpu-rl:sshPublicKey: the key data is not base64 \\(is it still the placeholder\\?\\)"
-    ):
-        run_program({k: v for k, v in config.items()})
+    stack = Stack()
+    with pytest.raises(Exception) as raised:
+        run_program({**config, **filled}, stack=stack)
+    assert str(raised.value).startswith(refused) and "\n" not in str(raised.value) and stack.resources == []

@@ -62,9 +62,19 @@ CASES = [
     case(T + "sshPublicKey", "ssh-ed25519 AAAAB3NzaC1yc2EAAAADAQABAAABAQ== x", "the key data is damaged"),
     case(T + "osLogin", "maybe", "'maybe' is not true or false"),
     case(T + "sshSourceRanges", [], "is an empty list"),
-    case(T + "sshSourceRanges", "203.0.113.0/24", "expected a list of strings"),
-    case(T + "sshSourceRanges", ["203.0.113.7/33"], "'203.0.113.7/33' is not a CIDR range"),
-    case(T + "sshSourceRanges", ["203.0.113.7/24"], "has host bits set"),
+    case(T + "sshSourceRanges", "100.64.7.0/24", "expected a list of strings"),
+    case(T + "sshSourceRanges", ["100.64.7.7/33"], "'100.64.7.7/33' is not a CIDR range"),
+    case(T + "sshSourceRanges", ["100.64.7.7/24"], "has host bits set"),
+    # what would buy a VM nobody can reach, or fail in GCE
+    case(T + "sshSourceRanges", ["203.0.113.7/32"], "203.0.113.7/32 is a documentation range (the placeholder?)"),
+    case(T + "sshSourceRanges", ["100.64.7.0/24", "192.0.2.0/25"], "192.0.2.0/25 is a documentation range"),
+    case(T + "sshSourceRanges", ["198.51.100.0/24"], "198.51.100.0/24 is a documentation range"),
+    case(T + "sshSourceRanges", ["2a00:1450::/32"], "2a00:1450::/32 is an IPv6 range: the VM has no IPv6 address"),
+    case(T + "sshSourceRanges", ["::/0"], "::/0 is an IPv6 range"),
+    case(T + "sshSourceRanges", ["2001:db8::/32"], "2001:db8::/32 is an IPv6 range"),
+    case("gcp:project", "my-gcp-project", "my-gcp-project is Pulumi.dev.yaml's placeholder"),
+    case(T + "reservation", "my-v6e-8-reservation", "my-v6e-8-reservation is Pulumi.dev.yaml's placeholder"),
+    case(T + "instanceName", "a" * 57, "57 characters: its network tag tpu-rl-NAME would pass GCE's 63"),
     case(T + "sshSourceRanges", ["me"], "'me' is not a CIDR range"),
     case(T + "network", "My Net", "'My Net' is not a valid name"),
     case(T + "resultsBucket", "Results Bucket", "'Results Bucket' is not a valid name"),
@@ -113,12 +123,10 @@ def test_image_references_compute_engine_takes():
     ("ranges", "open_to_all"),
     [
         (["0.0.0.0/0"], True),
-        (["::/0"], True),
-        (["198.51.100.0/24", "::/0"], True),
+        (["100.64.7.0/24", "0.0.0.0/0"], True),
         (["0.0.0.0/1", "128.0.0.0/1"], True),
-        (["::/1", "8000::/1"], True),
         (["0.0.0.0/1"], False),
-        (["198.51.100.0/24", "2001:db8::/32"], False),
+        (["100.64.7.0/24", "8.8.8.0/24"], False),
     ],
 )
 def test_ranges_that_cover_every_address_are_flagged(ranges, open_to_all):
@@ -136,4 +144,4 @@ def test_values_are_typed():
         {**raw(), "tpu-rl:bootDiskSizeGb": "300", "tpu-rl:osLogin": "false", "tpu-rl:v6eZones": '["us-east5-b"]'}
     )
     assert settings.boot_disk_gb == 300 and settings.os_login is False and settings.v6e_zones == ("us-east5-b",)
-    assert settings.ssh_source_ranges == ("198.51.100.0/24",) and settings.region == "us-east5"
+    assert settings.ssh_source_ranges == ("100.64.7.0/24",) and settings.region == "us-east5"

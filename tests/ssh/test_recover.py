@@ -31,6 +31,11 @@ def stack(fab, compute) -> Stack:
 
 
 RECOVER = "; its /dev/shm went with it. Recreate it and carry on: fab train --recover\n"
+PENDING = (
+    f"; nothing is recreated. Once `gcloud compute instances describe {INSTANCE} --format='value(status)'` says "
+    "RUNNING, run `pulumi up --refresh` (a first pulumi up stops on \"unexpected state 'PENDING'\": this records "
+    "the VM it made), then fab train\n"
+)
 FOREIGN = (
     "; fab never replaces an instance the stack did not make: if it is yours to lose, delete it, then fab train "
     "--recover; or give this stack another tpu-rl:instanceName and run pulumi up\n"
@@ -51,6 +56,8 @@ FOREIGN = (
         ("TERMINATED", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
         ("SUSPENDED", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
         ("STOPPING", "9009", "is another instance (id 9009, the stack's is 1001)" + FOREIGN),
+        # a FLEX_START VM made and waiting for capacity: never replaced (it would lose its place in the queue)
+        ("PENDING", "1001", "is PENDING: waiting for capacity (FLEX_START)" + PENDING),
     ],
 )
 def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instance_id, why):
@@ -64,7 +71,7 @@ def test_a_lost_vm_is_one_line_that_names_the_fix(stack, compute, status, instan
     assert result.returncode == 2
     assert result.stderr == f"error: the stack's VM {INSTANCE} {why}"
     assert stack.up_calls() == []  # only --recover runs pulumi up
-    if instance_id != "1001":  # and never over an instance the stack did not make
+    if instance_id != "1001" or status == "PENDING":  # never over an instance the stack did not make, or waiting
         refused = stack("train", "--recover", *SMALL)
         assert refused.returncode == 2 and refused.stderr == result.stderr and stack.up_calls() == []
 
