@@ -12,6 +12,8 @@ from .load import RenderedJob
 from .plan import PLACEHOLDER_RUN, Plan, expected_environment
 from .schedule import Schedule
 
+NOT_SET = "<not set>"  # a secret the jobs need that this machine holds nowhere
+
 
 def _word(text: str) -> str:
     """One shell word as the shell should see it: quoted, but a leading ~/ left for the shell to expand."""
@@ -32,19 +34,22 @@ def _run_info(plan: Plan, record: RunRecord | None) -> dict:
     }
 
 
-def _env(job: RenderedJob) -> dict[str, str]:
-    return {**job.env, **{name: REDACTED for name in job.secrets}}
+def _env(job: RenderedJob, present: set[str]) -> dict[str, str]:
+    """The job's environment as shown: a secret set here redacted, one set nowhere said to be missing."""
+    return {**job.env, **{name: REDACTED if name in present else NOT_SET for name in job.secrets}}
 
 
 def _schedule_dict(lr: Schedule) -> dict:
     return {**asdict(lr), "highest": lr.highest, "last": lr.rate(lr.train_steps)}
 
 
-def plan_dict(plan: Plan, record: RunRecord | None, estimate: dict | None = None) -> dict:
+def plan_dict(
+    plan: Plan, record: RunRecord | None, estimate: dict | None = None, notes: list[str] = (), present: set[str] = ()
+) -> dict:
     jobs = [
         {
             **job.rendered.to_dict(),
-            "env": _env(job.rendered),
+            "env": _env(job.rendered, set(present)),
             "job_dir": job.job_dir,
             "shared": job.shared,
             **({"lr_schedule": _schedule_dict(job.lr_schedule)} if job.lr_schedule else {}),
@@ -66,6 +71,7 @@ def plan_dict(plan: Plan, record: RunRecord | None, estimate: dict | None = None
         "accelerator": accelerator,
         "environment": setup,
         "jobs": jobs,
+        "before": list(notes),
         "estimate": estimate,
     }
 
@@ -100,7 +106,9 @@ def _validate_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def plan_text(plan: Plan, record: RunRecord | None, estimate: list[str] = ()) -> str:
+def plan_text(
+    plan: Plan, record: RunRecord | None, estimate: list[str] = (), notes: list[str] = (), present: set[str] = ()
+) -> str:
     info = _run_info(plan, record)
     lines = [f"run: {info['name'] or '<new>'} ({info['note']})", f"chips: {plan.accelerator.line()}"]
     if info.get("last_seen"):
@@ -117,7 +125,7 @@ def plan_text(plan: Plan, record: RunRecord | None, estimate: list[str] = ()) ->
             f"{number}. {job.name}: {job.description}",
             f"   needs:   {', '.join(planned.needs) or '-'}",
             f"   folder:  {planned.job_dir}{' (shared by runs)' if planned.shared else ''}",
-            "   env:     " + (" ".join(f"{k}={_word(v)}" for k, v in _env(job).items()) or "-"),
+            "   env:     " + (" ".join(f"{k}={_word(v)}" for k, v in _env(job, set(present)).items()) or "-"),
             "   argv:    "
             + " \\\n              ".join([" ".join(map(_word, head)), *map(_word, job.argv[len(head) :])]),
             *(f"   then:    {' '.join(map(_word, a))}" for a in job.after),
@@ -126,5 +134,6 @@ def plan_text(plan: Plan, record: RunRecord | None, estimate: list[str] = ()) ->
             *([f"   lr:      {planned.lr_schedule.line()}"] if planned.lr_schedule else []),
         ]
     lines += ["", "${hostname} and ${latest_step:DIR} are looked up on the VM when the job starts."]
+    lines += ["", "before fab train:", *(f"  {line}" for line in notes)] if notes else []
     lines += ["", *estimate] if estimate else []
     return "\n".join(lines)

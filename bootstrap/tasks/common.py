@@ -52,10 +52,28 @@ def reports_errors(body: Callable) -> Callable:
                 "\ninterrupted: anything started on the VM goes on. Run the same command again to carry on.", code=130
             ) from None
         except BrokenPipeError:  # `fab plan | head`: the reader has all it wanted
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _reader_gone()
             raise Exit(code=0) from None
 
     return wrapper
+
+
+def _reader_gone() -> None:
+    """What is left to print goes nowhere (Python would complain at exit, flushing into the closed pipe)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def quiet_broken_pipe() -> None:
+    """`fab --help | head`: invoke's own printing (help, --list) ends quietly when the reader has all it wanted."""
+    earlier = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if issubclass(kind, BrokenPipeError):
+            _reader_gone()
+            return
+        earlier(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def open_session(c: Context, overrides: list[str], run_name: str | None = None, **options: bool) -> Session:

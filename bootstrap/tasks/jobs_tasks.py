@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from fabric import task
+from fabric import Connection, task
 
 from ..errors import UserError
 from ..paths import REPO, jobs_dir
@@ -32,7 +32,9 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     """Print the whole pipeline as it would run (offline: no SSH, no cloud, no Pulumi CLI)."""
     import yaml
 
-    from ..jobs import load
+    from .. import secrets
+    from ..jobs import before, load
+    from ..jobs.load import DEFAULT_USER
     from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name
     from ..jobs.show import plan_dict, plan_text
     from ..results import runs
@@ -41,7 +43,11 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     files = load.read(jobs_dir())
     pipeline = check_local(files, arg or [])
     name = check_run_name(run_name) if run_name is not None else runs.current_run()
-    user = getattr(c, "user", None)  # -H's (a Connection); else the stack's
+    # -H's user (a Connection's); else the stack's; else tpu-rl:sshUser's default (never this laptop's login)
+    user = c.user if isinstance(c, Connection) else None
+    whose = (
+        f"{user}, -H's" if user else f"{DEFAULT_USER}, tpu-rl:sshUser's default (--stack STACK or -H USER@HOST: theirs)"
+    )
     machine_type = provisioning = None
     if stack:
         from ..gke.stack import read, slice_of  # the Pulumi SDK takes a tenth of a second to import: only here
@@ -62,18 +68,21 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
                 note = f"# a new run: {NEW_RUN!r} stands for the name fab train gives it\n" if not name else ""
                 print(note + yaml.safe_dump_all(manifests, sort_keys=False))
             return
-        user, machine_type = user or settings.ssh_user, settings.machine_type
-        provisioning = settings.provisioning_model
+        if not user:
+            user, whose = settings.ssh_user, f"{settings.ssh_user}, Pulumi.{stack}.yaml's tpu-rl:sshUser"
+        machine_type, provisioning = settings.machine_type, settings.provisioning_model
     durable = durable_overrides(pipeline.spec, None, offline=True)
     built = build(files, [*durable, *(arg or [])], name or PLACEHOLDER_RUN, user, machine_type)
     record = runs.RunRecord.load(name) if name else None
     from ..results.estimate import estimate
 
     expected = estimate(built, provisioning)
+    present = set(secrets.here(pipeline.spec.results.notify))
+    notes = before.notes(built, whose, provisioning, present, given_host=isinstance(c, Connection))
     print(
-        json.dumps(plan_dict(built, record, expected.to_dict()), indent=1)
+        json.dumps(plan_dict(built, record, expected.to_dict(), notes, present), indent=1)
         if json_
-        else plan_text(built, record, expected.lines())
+        else plan_text(built, record, expected.lines(), notes, present)
     )
 
 
@@ -124,3 +133,20 @@ def _require_maxtext(python: str, version: str) -> None:
         raise UserError(f"--python {python}: cannot import maxtext; {build_one}")
     if found != version:
         raise UserError(f"--python {python}: has maxtext {found}, the jobs install {version}; {build_one}")
+
+
+@task(name="token")
+@reports_errors
+def check_token(c):
+    """Check the Hugging Face token with the Hub now, no VM needed: valid, can read the base model, can write
+    results.hub_repo (what fab train checks before it starts anything)."""
+    from .. import secrets
+    from ..jobs import load
+    from ..jobs.check import base_model_of
+    from ..jobs.plan import check_local
+    from ..results import hub
+
+    pipeline = check_local(load.read(jobs_dir()), [])
+    token = secrets.require({"this machine": ["HF_TOKEN"]})["HF_TOKEN"]
+    for line in hub.preflight(token, base_model_of(pipeline), pipeline.spec.results.hub_repo):
+        console.print(line, markup=False, highlight=False)

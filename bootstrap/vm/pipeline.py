@@ -12,13 +12,13 @@ import getpass
 import hashlib
 import json
 import os
-import re
 import socket
 import time
 from datetime import datetime
 
 from .. import secrets
 from ..errors import StoppedWatching, UserError
+from ..jobs import before
 from ..jobs.plan import PlannedJob
 from ..remote import gcs
 from ..remote.driver import PipelineState, clock
@@ -30,9 +30,6 @@ from .machine import ConnectionLost, JobStatus
 from .progress import Board
 from .watch import Watcher
 
-# What a guest shutdown saves, by provisioning model (docs/recovery.md: Autostop). Seconds idle, or None: off.
-AUTOSTOP_BY_MODEL = {"STANDARD": 1800, "SPOT": 1800, "FLEX_START": 1800, "RESERVATION_BOUND": None}
-UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
 MAX_REVIVALS = 3
 
 
@@ -41,21 +38,14 @@ def owner() -> str:
 
 
 def autostop(session: Session, jobs: list[PlannedJob]) -> tuple[int | None, str]:
-    """vm.autostop for this pipeline: seconds idle (or None: off) and why. Only a pipeline that keeps the
-    model elsewhere (a Hub or GCS copy) may stop the VM: a stop empties /dev/shm, the only other copy.
-    `auto` follows the stack's provisioning model (off with -H: unknown)."""
-    setting, model = session.plan.spec.vm.autostop, (session.stack or {}).get("provisioning_model")
-    if setting == "off":
-        return None, "off (vm.autostop in jobs/pipeline.yaml)"
-    if not any(job.name.startswith(DURABLE_PREFIX) for job in jobs):
-        return None, "off: nothing keeps the model outside the VM (results.hub_repo, results.gcs), so it stays up"
-    if setting == "auto" and not model:
-        return None, "off: a VM given with -H (its provisioning model is unknown; set vm.autostop to choose)"
-    if setting == "auto":
-        seconds = AUTOSTOP_BY_MODEL.get(model)
-        return seconds, f"auto for {model}" if seconds else f"off: {model} (the reservation is billed either way)"
-    number, unit = re.fullmatch(r"(\d+)([smh])", setting).groups()
-    return int(number) * UNIT_SECONDS[unit], f"vm.autostop {setting}"
+    """vm.autostop for this pipeline (before.autostop_of): `auto` follows the stack's provisioning model (off with
+    -H: unknown)."""
+    return before.autostop_of(
+        session.plan.spec.vm.autostop,
+        (session.stack or {}).get("provisioning_model"),
+        any(job.name.startswith(DURABLE_PREFIX) for job in jobs),
+        before.GIVEN_HOST,
+    )
 
 
 def preflight_request(session: Session) -> dict:

@@ -10,10 +10,14 @@ PAGE = REPO / "docs" / "troubleshooting.md"
 SOURCES = [*(REPO / "bootstrap").rglob("*.py"), *(REPO / "infra").rglob("*.py"), REPO / "__main__.py"]
 
 
+GOOGLES = "## Google Cloud's own errors"  # the section of messages Google Cloud prints, not this project's code
+
+
 def listed_messages() -> list[str]:
-    """The first cell of every table row: the message, in backticks."""
-    rows = [line for line in PAGE.read_text().splitlines() if line.startswith("| `")]
-    return [re.match(r"\| `([^`]+)` \|", row)[1] for row in rows]
+    """The first cell of every table row: the message, in backticks (Google Cloud's own section left out)."""
+    sections = re.split(r"(?m)^(?=## )", PAGE.read_text())
+    lines = [line for section in sections if not section.startswith(GOOGLES) for line in section.splitlines()]
+    return [re.match(r"\| `([^`]+)` \|", line)[1] for line in lines if line.startswith("| `")]
 
 
 def fragments(message: str) -> list[str]:
