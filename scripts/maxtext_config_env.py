@@ -11,6 +11,7 @@ this was verified with, the same for every supported version). Cached in
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -63,12 +64,15 @@ def ensure(version: str = DEFAULT_VERSION) -> Path:
     stamp = venv / "tpu-rl-packages.sha256"
     digest = hashlib.sha256("\n".join(packages).encode()).hexdigest()
     python = venv / "bin" / "python"
-    if python.exists() and stamp.exists() and stamp.read_text() == digest:
-        return python
-    print(f"building the MaxText {version} config venv in {venv} (once; uv caches the downloads)", file=sys.stderr)
-    subprocess.run([uv(), "venv", "--clear", "--quiet", "--python", python312(), str(venv)], check=True)
-    subprocess.run([uv(), "pip", "install", "--quiet", "--python", str(python), *packages], check=True)
-    stamp.write_text(digest)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".{venv.name}.lock", "a") as lock:  # two processes (test workers) never build it at once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if python.exists() and stamp.exists() and stamp.read_text() == digest:
+            return python
+        print(f"building the MaxText {version} config venv in {venv} (once; uv caches the downloads)", file=sys.stderr)
+        subprocess.run([uv(), "venv", "--clear", "--quiet", "--python", python312(), str(venv)], check=True)
+        subprocess.run([uv(), "pip", "install", "--quiet", "--python", str(python), *packages], check=True)
+        stamp.write_text(digest)
     return python
 
 

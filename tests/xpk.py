@@ -6,6 +6,8 @@ hosts and chips per slice) and its Jinja templates (the Pathways JobSet, the que
 
 from __future__ import annotations
 
+import fcntl
+import shutil
 import subprocess
 import sys
 from functools import cache
@@ -18,9 +20,17 @@ CACHE = Path.home() / ".cache" / "tpu-rl" / f"xpk-{VERSION}"
 @cache
 def install() -> Path:
     """XPK's package folder, installed once into the cache (seconds from PyPI)."""
-    if not (CACHE / "xpk" / "templates").is_dir():
-        command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(CACHE), f"xpk=={VERSION}"]
-        subprocess.run(command, check=True)
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    with open(CACHE.with_name(f".{CACHE.name}.lock"), "a") as lock:  # one test worker installs it, the others wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (CACHE / "xpk" / "templates").is_dir():
+            installing = CACHE.with_name(f"{CACHE.name}.part")
+            shutil.rmtree(installing, ignore_errors=True)
+            command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(installing),
+                       f"xpk=={VERSION}"]  # fmt: skip
+            subprocess.run(command, check=True)
+            shutil.rmtree(CACHE, ignore_errors=True)
+            installing.rename(CACHE)  # whole, or not there
     if str(CACHE) not in sys.path:
         sys.path.append(str(CACHE))
     return CACHE / "xpk"

@@ -166,7 +166,12 @@ def _validate(model, doc: Loaded, problems: list[Problem]):
             if e["type"] == "extra_forbidden":
                 close = difflib.get_close_matches(path[-1], _keys_at(model, path[:-1]), n=1, cutoff=0.7)
                 message = "unknown key (not part of the schema)" + (f"; did you mean {close[0]}?" if close else "")
-            elif e["type"] == "string_pattern_mismatch" and "://" in str(e["input"]):  # a webhook URL: a secret
+            elif (
+                e["type"] == "string_pattern_mismatch"
+                and path[:2] == ("results", "notify")
+                and "://" in str(e["input"])
+            ):
+                # a webhook URL written where its variable's name goes: a secret, never quoted
                 message = (
                     "is a URL (not repeated here: it may be a secret), not the name of a variable holding one: "
                     "export NAME=<the URL> on this machine and write NAME here"

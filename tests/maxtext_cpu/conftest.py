@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
 from collections.abc import Iterator
@@ -67,10 +68,15 @@ DEFAULT = RELEASES["0.2.3"]
 VENV = DEFAULT.venv  # the benchmarks' venv
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook names each item's group
 def pytest_collection_modifyitems(items):
+    """The tier's marker; and one xdist group per module and release: a module's tests share its run (a module
+    fixture) and read it in file order, on one worker."""
     for item in items:
         if "/tests/maxtext_cpu/" in str(item.fspath):
             item.add_marker(pytest.mark.maxtext)
+            release = getattr(item, "callspec", None) and item.callspec.params.get("release")
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}-{release or DEFAULT.version}"))
 
 
 # What `uv pip check` finds in that environment: tunix 0.1.7 (PyPI's metadata) installed without its dependencies.
@@ -155,6 +161,16 @@ def cpu_host(tmp_path_factory, gcs_emulator):
 def release(request) -> Release:
     """Each test of the tier runs once per release (grouped: one release's tests, then the next's)."""
     return RELEASES[request.param]
+
+
+def set_up(fab: Fab, release: Release, command=None) -> None:
+    """`fab setup` of the release's cached venv (or `command`, the same through a stack), one test worker at a time:
+    a venv that is not built yet is built by the first, found built by the others."""
+    VENVS.mkdir(parents=True, exist_ok=True)
+    with open(VENVS / f".{release.venv.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = (command or fab)("setup", timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
 
 
 @contextmanager

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from bootstrap.paths import REPO
-from tests.maxtext_cpu.conftest import DEFAULT
+from tests.maxtext_cpu.conftest import DEFAULT, cpu_fab_at, set_up
 
 CALLS = [1, 2, 1]  # items graded by each call: one group's answers, then another's, as train and evals do
 SCRIPT = """
@@ -41,11 +42,18 @@ grader._shutdown_pool()
 """
 
 
+@pytest.fixture(scope="module")
+def python(cpu_host, tmp_path_factory) -> Path:
+    """MaxText 0.2.3's CPU venv, as the tier's `fab setup` builds it: found built in seconds, else built here."""
+    with cpu_fab_at(cpu_host, tmp_path_factory.mktemp("grader-setup"), DEFAULT) as fab:
+        set_up(fab, DEFAULT)
+    return DEFAULT.venv / "bin" / "python"
+
+
 @pytest.mark.parametrize("launcher", ["maxtext", "steady"])
-def test_the_grader_pool_is_built_once_whatever_each_call_grades(launcher):
+def test_the_grader_pool_is_built_once_whatever_each_call_grades(python, launcher):
     """`maxtext`: MaxText alone; `steady`: under the launcher (maxtext_run.steady_grader_pool). MaxText's builds
     are counted in both."""
-    python = DEFAULT.venv / "bin" / "python"
     result = subprocess.run(
         [python, "-c", SCRIPT, str(REPO / "bootstrap" / "remote"), launcher, json.dumps(CALLS)],
         capture_output=True, text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},

@@ -23,7 +23,7 @@ from bootstrap.remote.driver import PipelineState
 from bootstrap.results import timing
 from tests import gcsemulator
 from tests.loopback import Fab, wait_for
-from tests.maxtext_cpu.conftest import HERE, Release, cpu_fab_at, overrides
+from tests.maxtext_cpu.conftest import HERE, Release, cpu_fab_at, overrides, set_up
 from tests.stack import INSTANCE, Stack, lose, wipe
 
 STEPS, LOST_AFTER = 4, 2
@@ -45,8 +45,7 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
         env.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # where this side reads the bucket
         compute.host_keys[INSTANCE] = [tuple(fab.host.host_key.read_text().split()[:2])]
         stack = Stack(fab, compute, instance_id="1001")
-        setup = stack("setup", timeout=1800)
-        assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr
+        set_up(fab, release, stack)
         inputs = fab.tmp / "inputs"
         subprocess.run(
             [release.venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True

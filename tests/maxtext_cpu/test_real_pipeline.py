@@ -28,7 +28,7 @@ from bootstrap.jobs.schedule import Schedule
 from bootstrap.paths import REPO
 from bootstrap.remote import attempts, evals
 from tests.loopback import Fab
-from tests.maxtext_cpu.conftest import ACCEPTED_CONFLICTS, HERE, Release, overrides
+from tests.maxtext_cpu.conftest import ACCEPTED_CONFLICTS, HERE, Release, overrides, set_up
 
 STEPS = 4
 BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
@@ -41,8 +41,7 @@ def current_run(fab: Fab) -> str:
 @pytest.fixture(scope="module")
 def run(cpu_fab: Fab, release: Release) -> dict:
     """fab setup, the tiny inputs, then one fab train; everything the tests below read."""
-    setup = cpu_fab("setup", timeout=1800)
-    assert setup.returncode == 0, setup.stdout[-3000:] + setup.stderr
+    set_up(cpu_fab, release)
     inputs = cpu_fab.tmp / "inputs"
     subprocess.run([release.venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
     args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]

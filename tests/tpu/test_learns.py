@@ -39,29 +39,34 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    tier = harness.Tier(tmp_path_factory.mktemp("learns"), make_inputs=HERE / "make_learnable_inputs.py")
-    found = {}
-    for name, rate in (("learns", "3e-3"), ("control", "0")):
-        plan = tier.plan(name, tier.args(STEPS, *LEARNS, f"train.learning_rate={rate}"))
-        started = time.monotonic()
-        items = tier.drive(plan)
-        assert harness.finished(items) == "done", tier.failure(plan)
-        records = attempts.read_records(plan.job("train").rendered.env[attempts.EVALS_ENV])
-        results = attempts.recorded_evals(records, STEPS)
-        result = evals.outcome(results)
-        note(
-            **{
-                f"{name}_s": round(time.monotonic() - started, 1),
-                f"{name}_result": result and evals.result_line(result),
-            }
-        )
-        found[name] = {"results": results, "result": result, "log": tier.log(plan, "train")}
-    return found
+def tier(tmp_path_factory) -> harness.Tier:
+    return harness.Tier(tmp_path_factory.mktemp("learns"), make_inputs=HERE / "make_learnable_inputs.py")
 
 
-def test_grpo_makes_the_model_better_beyond_the_noise_and_the_gate_publishes_it(runs):
-    learns = runs["learns"]
+def run(tier: harness.Tier, name: str, rate: str) -> dict:
+    """One run of the learnable jobs at learning rate `rate`, judged from its durable eval records."""
+    plan = tier.plan(name, tier.args(STEPS, *LEARNS, f"train.learning_rate={rate}"))
+    started = time.monotonic()
+    items = tier.drive(plan)
+    assert harness.finished(items) == "done", tier.failure(plan)
+    results = attempts.recorded_evals(attempts.read_records(plan.job("train").rendered.env[attempts.EVALS_ENV]), STEPS)
+    result = evals.outcome(results)
+    note(**{f"{name}_s": round(time.monotonic() - started, 1), f"{name}_result": result and evals.result_line(result)})
+    return {"results": results, "result": result, "log": tier.log(plan, "train")}
+
+
+# Each run its own fixture: one device call (600 s at most) runs one: `-k grpo` (learning rate 3e-3) or `-k control`.
+@pytest.fixture(scope="module")
+def learns(tier) -> dict:
+    return run(tier, "learns", "3e-3")
+
+
+@pytest.fixture(scope="module")
+def control(tier) -> dict:
+    return run(tier, "control", "0")
+
+
+def test_grpo_learns_the_model_better_beyond_the_noise_and_the_gate_publishes_it(learns):
     result = learns["result"]
     assert "Pre RL Training" in learns["log"] and "Post RL Training" in learns["log"]  # MaxText's own evals
     assert result["format_after"] - result["format_before"] >= 20, result
@@ -69,7 +74,7 @@ def test_grpo_makes_the_model_better_beyond_the_noise_and_the_gate_publishes_it(
     assert evals.held_back(learns["results"], "improved") is None  # what the Hub upload would do: publish
 
 
-def test_the_control_with_learning_rate_0_is_not_better_and_is_held_back(runs):
-    result = runs["control"]["result"]
+def test_the_control_with_learning_rate_0_is_not_better_and_is_held_back(control):
+    result = control["result"]
     assert not (result["judged"] and result["change"] > 0), result
-    assert evals.held_back(runs["control"]["results"], "improved").startswith("publish_if: improved, and it did not")
+    assert evals.held_back(control["results"], "improved").startswith("publish_if: improved, and it did not")
