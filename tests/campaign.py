@@ -34,7 +34,7 @@ from bootstrap.remote import attempts, faults, gcs, jobrunner, manifest
 from bootstrap.remote.jobrunner import Layout
 from bootstrap.results import publish
 from bootstrap.vm.machine import TOOLS
-from tests import campaign_jobs
+from tests import campaign_jobs, hubstub
 from tests.gcsemulator import BUCKET
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,26 +56,7 @@ GATE_MILESTONES = ("evaluated", "exported")
 TOKEN = "hf_campaign" + "0" * 30
 IMPROVED = "600,800,1319"  # 45.5% -> 60.7% of GSM8K's test split: beyond the noise
 BEST = {  # what the repository holds in a "worse" case: run "best"'s model, 90% of 1,319 problems
-    "README.md": b"""---
-model-index:
-- name: best
-  results:
-  - task:
-      type: text-generation
-    dataset:
-      name: GSM8K
-      type: openai/gsm8k
-    metrics:
-    - type: accuracy
-      value: 90.0
-      args:
-        problems: 1319
-    source:
-      name: tpu-rl run best
-      url: https://huggingface.co/tester/best
----
-# the best model
-""",
+    "README.md": hubstub.model_card("best", "90.0", "1319", "https://huggingface.co/tester/best", "# the best model"),
     "model.safetensors": b"the best weights",
 }
 SPEED = {  # test-only: retries back off from 10 ms, a request times out after 1 s (retry.py, gcs.py)

@@ -177,3 +177,14 @@ def _handler(hub: Hub):
 def serve() -> tuple[Hub, ThreadingHTTPServer]:
     hub = Hub()
     return hub, stubserver.start(hub, _handler)
+
+
+def model_card(run: str, value: str, problems: str, url: str = "", body: str = "a model") -> bytes:
+    """A model card whose model-index states `run`'s GSM8K accuracy `value` on `problems` problems, as hub_upload.py
+    writes it (the values as YAML text: a test may state anything a card's editor could)."""
+    source = f"      name: tpu-rl run {run}\n" + (f"      url: {url}\n" if url else "")
+    return (
+        f"---\nmodel-index:\n- name: {run}\n  results:\n  - task:\n      type: text-generation\n    dataset:\n"
+        f"      name: GSM8K\n      type: openai/gsm8k\n    metrics:\n    - type: accuracy\n      value: {value}\n"
+        f"      args:\n        problems: {problems}\n    source:\n{source}---\n{body}\n"
+    ).encode()

@@ -10,32 +10,13 @@ import pytest
 from huggingface_hub import HfApi
 
 from bootstrap.paths import REPO as CLONE
+from tests import hubstub
 from tests.hubstub import Token, serve
 
 sys.path.insert(0, str(CLONE / "bootstrap" / "remote"))  # as on the VM: the tools folder, its modules side by side
 hub_upload = importlib.import_module("hub_upload")
 
 REPO = "tester/grpo"
-CARD = """---
-model-index:
-- name: grpo
-  results:
-  - task:
-      type: text-generation
-    dataset:
-      name: GSM8K
-      type: openai/gsm8k
-    metrics:
-    - type: accuracy
-      value: {value}
-      args:
-        problems: {problems}
-    source:
-      name: tpu-rl run r0
-      {url}
----
-a model
-"""
 RESULT = {"after": 55.0, "problems": 1319}  # this run: 55.0% on 1,319 problems
 
 
@@ -48,9 +29,9 @@ def api(monkeypatch):
     server.shutdown()
 
 
-def holding(api, value: str, problems: str, url: str = "url: https://example.com/r0") -> dict | None:
+def holding(api, value: str, problems: str, url: str = "https://example.com/r0") -> dict | None:
     state, client = api
-    state.repos[REPO] = {"README.md": CARD.format(value=value, problems=problems, url=url).encode()}
+    state.repos[REPO] = {"README.md": hubstub.model_card("r0", value, problems, url)}
     return hub_upload.held_by(client, REPO)
 
 
