@@ -22,7 +22,7 @@ class Problem:
 
     def __str__(self) -> str:
         where = f"{self.source}:{self.line}" if self.line else self.source
-        return shortened(f"{where}: {self.key}: {self.message}")
+        return f"{where}: {self.key}: {shortened(self.message)}"  # where it is stays whole: a path is never cut
 
 
 class UserError(Exception):

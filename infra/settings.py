@@ -97,7 +97,7 @@ BACKENDS = ("vm", "gke")
 # Multi-host v6e slices of ct6e-standard-4t hosts (4 chips each), as XPK's system characteristics list them.
 GKE_TOPOLOGIES = ("2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 MACHINE_TYPE = re.compile(r"[a-z][a-z0-9]*-[a-z0-9-]+")
-EVERYWHERE = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
+EVERYWHERE = ipaddress.ip_network("0.0.0.0/0")  # IPv6 ranges are refused: the VM has none
 # The address ranges kept for documentation (RFC 5737, RFC 3849): no one's laptop is there, so a firewall rule for
 # them opens port 22 to no one, and buys a VM nobody can reach. Pulumi.dev.yaml's placeholder is one of them.
 DOCUMENTATION_RANGES = tuple(
@@ -269,10 +269,7 @@ def source_ranges(key: str, ranges: tuple[str, ...] | None) -> tuple[tuple[str, 
                 f"{text} is a documentation range (the placeholder?): no one could reach the VM",
                 'Use your own address: pulumi config set --path "tpu-rl:sshSourceRanges[0]" "$(curl -4 -s ifconfig.me)/32"',
             )
-    open_to_all = any(
-        list(ipaddress.collapse_addresses(n for n in networks if n.version == everywhere.version)) == [everywhere]
-        for everywhere in EVERYWHERE
-    )
+    open_to_all = list(ipaddress.collapse_addresses(networks)) == [EVERYWHERE]
     return ranges, open_to_all
 
 

@@ -21,11 +21,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import Problem, UserError
+from ..errors import Problem, UserError, shortened
 from ..remote.jobrunner import Layout
 from . import accelerator, schedule, schema, yamlfile
 from .accelerator import Accelerator
 from .spec import JOB_NAME, PATTERN_WORDS, JobSpec, PipelineSpec
+
+NAME_LIKE = re.compile(r"[A-Za-z0-9_:-]{1,80}")  # what may be quoted back from results.notify: no URL, no secret
 
 PIPELINE_FILE = "pipeline.yaml"
 VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -169,9 +171,9 @@ def _validate(model, doc: Loaded, problems: list[Problem]):
             elif (
                 e["type"] == "string_pattern_mismatch"
                 and path[:2] == ("results", "notify")
-                and "://" in str(e["input"])
+                and not NAME_LIKE.fullmatch(str(e["input"]))
             ):
-                # a webhook URL written where its variable's name goes: a secret, never quoted
+                # a webhook URL (with or without its scheme) written where its variable's name goes: a secret
                 message = (
                     "is a URL (not repeated here: it may be a secret), not the name of a variable holding one: "
                     "export NAME=<the URL> on this machine and write NAME here"
@@ -187,7 +189,7 @@ def _validate(model, doc: Loaded, problems: list[Problem]):
 def _apply_overrides(overrides: list[str], pipeline: Loaded, jobs: dict[str, Loaded], problems: list[Problem]) -> None:
     """Apply `--arg JOB.KEY=VALUE` (or vars.NAME=VALUE); a KEY starting with -- is a flag."""
     for text in overrides:
-        option = f"--arg {text!r}" if yamlfile.CONTROL.search(text) else f"--arg {text}"
+        option = f"--arg {text!r}" if yamlfile.CONTROL.search(text) else f"--arg {shortened(text)}"
         target, sep, value = text.partition("=")
         if yamlfile.CONTROL.search(text):
             problems.append(Problem(option, "--arg", "contains a control character (NUL, ESC, ...)"))

@@ -39,6 +39,7 @@ TRIES = 3
 # test-only knobs, as retry.py's: how long a receiver may take to answer, and the first wait before trying again
 TIMEOUT_SECONDS = float(os.environ.get("TPU_RL_NOTIFY_TIMEOUT_SECONDS", "10"))
 BACKOFF_SECONDS = float(os.environ.get("TPU_RL_RETRY_BACKOFF_SECONDS", "2"))
+READ_BYTES = 64 * 1024
 KINDS = ("json", "slack", "discord", "ntfy")
 HOSTS = {"hooks.slack.com": "slack", "discord.com": "discord", "discordapp.com": "discord", "ntfy.sh": "ntfy"}
 
@@ -81,7 +82,7 @@ def _post(made: urllib.request.Request) -> int:
     def post() -> None:
         try:
             with urllib.request.urlopen(made, timeout=TIMEOUT_SECONDS) as response:
-                response.read()
+                response.read(READ_BYTES)  # what a receiver says back is not kept: a stream never fills memory
                 answer.append(response.status)
         except BaseException as err:  # noqa: BLE001 - handed to the caller as is
             answer.append(err)

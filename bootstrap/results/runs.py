@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import fcntl
 import json
-import math
 import os
 import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import UserError
 from ..paths import runs_dir
@@ -120,35 +122,75 @@ class DamagedRecord(UserError):
     """A run's record.json that cannot be trusted: one line naming the file and what is wrong."""
 
 
-def _seconds(value) -> bool:
-    """A time or a duration as the records keep it: a finite number (never text, a bool or infinity)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+Time = Annotated[float, Field(gt=0, lt=1e11, allow_inf_nan=False)]  # seconds since the epoch, before year 5138
+Seconds = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]  # a duration: finite, never negative
+Work = Annotated[float, Field(ge=0, le=1e18, allow_inf_nan=False)]  # tokens a step or an eval handles
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")  # a start time as text is no time; unknown keys stay
+
+
+class _Job(_Strict):
+    state: str
+    started: Time | None = None
+    finished: Time | None = None
+
+    @model_validator(mode="after")
+    def _in_order(self):
+        if self.started and self.finished and self.finished < self.started:
+            raise ValueError("finished before it started")
+        return self
+
+
+class _Work(_Strict):
+    step: Annotated[Work, Field(ge=1)]  # a step makes at least one token
+    eval: Work
+
+
+class _Timing(_Strict):
+    startup_s: Seconds
+    step_s: Seconds
+    steps: Annotated[int, Field(ge=0)]
+    eval_s: Seconds
+    evals: Annotated[int, Field(ge=0)]
+    work: _Work | None = None  # an older record's has none: it calibrates nothing
+
+
+class _Estimate(_Strict):
+    low_s: Seconds
+    high_s: Seconds
+    chip_hours: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = []
+    cost: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = None
+    price_per_chip_hour: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    unknown: list[str] = []
+
+
+class _Record(_Strict):
+    """What the readers of a record rely on (fab runs, the estimate, the result line)."""
+
+    name: str = ""
+    jobs: dict[str, _Job] = {}
+    evals: list[dict] = []
+    results: dict[str, str] = {}
+    machine: str = ""
+    settings: list[str] | None = None
+    chips: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    timing: _Timing | None = None
+    estimate: _Estimate | None = None
 
 
 def damage(data) -> str | None:
-    """What makes a record's data unusable, or None: the types its readers rely on and times that make sense."""
-    if not isinstance(data, dict) or not isinstance(data.get("name", ""), str):
+    """What makes a record's data unusable, in one line, or None: the types its readers rely on, finite times and
+    durations, no end before its start."""
+    if not isinstance(data, dict):
         return f"not a run record (a {type(data).__name__})"
-    kinds = {"jobs": dict, "evals": list, "results": dict, "machine": str, "chips": int, "timing": (dict, type(None)),
-             "estimate": (dict, type(None)), "settings": (list, type(None))}  # fmt: skip
-    for key, kind in kinds.items():
-        if key in data and not isinstance(data[key], kind):
-            return f"{key} is a {type(data[key]).__name__}"
-    for job, state in data.get("jobs", {}).items():
-        if not isinstance(state, dict):
-            return f"jobs.{job} is a {type(state).__name__}"
-        times = {k: state.get(k) for k in ("started", "finished") if state.get(k) is not None}
-        if bad := next((k for k, v in times.items() if not _seconds(v)), None):
-            return f"jobs.{job}.{bad} is not a time: {str(times[bad])[:40]!r}"
-        if len(times) == 2 and times["finished"] < times["started"]:
-            return f"jobs.{job} finished before it started"
-    for key in ("startup_s", "step_s", "steps", "eval_s", "evals") if data.get("timing") else ():
-        value = data["timing"].get(key)
-        if not (_seconds(value) and value >= 0):
-            return f"timing.{key} is not a duration: {str(value)[:40]!r}"
-    estimate = data.get("estimate") or {}
-    if any(k in estimate and not _seconds(estimate[k]) for k in ("low_s", "high_s")):
-        return "estimate.low_s or high_s is not a duration"
+    try:
+        _Record.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" + (f" ({str(first['input'])[:40]!r})" if "input" in first else "")
     return None
 
 

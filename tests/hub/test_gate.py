@@ -38,7 +38,6 @@ def holding(api, value: str, problems: str, url: str = "https://example.com/r0")
 @pytest.mark.parametrize(("value", "problems"), [("-2", "1319"), (".inf", "1319"), (".nan", "1319"), ("101", "1")])
 def test_an_accuracy_no_eval_can_have_states_nothing_and_holds_nothing_back(api, value, problems):
     assert holding(api, value, problems) is None
-    assert hub_upload.not_better(RESULT, None, "r1", REPO) is None
 
 
 def test_a_card_huggingface_hub_cannot_read_states_nothing(api):

@@ -191,6 +191,15 @@ def test_an_export_changed_after_it_was_verified_is_never_downloaded_and_is_made
     assert (dest / "model.safetensors").read_bytes() == (remote / "model.safetensors").read_bytes()
 
 
+def test_an_export_an_earlier_version_made_without_seals_is_still_downloaded_verified(fab: Fab, tmp_path):
+    """A done marker from before seals were kept: the folder is checked and every file against SHA256SUMS."""
+    assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
+    done = fab.job_dir(current_run(fab), "export") / "done"
+    done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "seals"}))
+    result = fab("download", "--dest", str(tmp_path / "model"))
+    assert result.returncode == 0 and "SHA-256 verified" in result.stdout, result.stderr
+
+
 def test_download_refuses_names_that_leave_dest(fab: Fab):
     assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
     remote = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / current_run(fab)

@@ -300,3 +300,30 @@ def test_a_train_over_new_years_midnight_is_split_as_it_ran():
     lines += [f"I0101 00:00:{2 * n:02d}.000000 140 {TRAIN_STEP.format(n + 4)}" for n in range(3)]
     split = timing.from_log("\n".join(lines))
     assert (split["steps"], split["step_s"]) == (6, pytest.approx(2.0)) and split["total_s"] == pytest.approx(14.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda d: d["jobs"]["train"].update(started=1e18), "jobs.train.started"),
+        (lambda d: d.update(settings=[1]), "settings.0"),
+        (lambda d: d["jobs"]["train"].pop("state"), "jobs.train.state"),
+        (lambda d: d.update(estimate={"low_s": 1}), "estimate.high_s"),
+        (lambda d: d.update(evals=["x"]), "evals.0"),
+        (lambda d: d.update(results={"hub": 5}), "results.hub"),
+        (lambda d: d.update(chips=-4), "chips"),
+        (lambda d: d["timing"].update(step_s=1e308), "timing.step_s"),
+        (lambda d: d["timing"]["work"].pop("eval"), "timing.work.eval"),
+        (lambda d: d["timing"]["work"].update(step=1e-300), "timing.work.step"),
+    ],
+)
+def test_every_figure_a_reader_relies_on_is_checked_before_it_is_read(runs, change, where):
+    """What the review planted in one record, each: left out in one line naming the figure; the other run lists."""
+    good = earlier_run(plan_for("vars.num_batches=4"))
+    data = json.loads((good.folder / "record.json").read_text())
+    change(data)
+    (runs / "zz").mkdir()
+    (runs / "zz" / "record.json").write_text(json.dumps({**data, "name": "zz"}))
+    listed = fab("runs", "--json", runs=runs)
+    assert listed.returncode == 0 and [row["run"] for row in json.loads(listed.stdout)] == ["r1"], listed.stderr
+    assert f"left out: {runs / 'zz' / 'record.json'}: {where}: " in listed.stderr

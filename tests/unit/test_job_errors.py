@@ -271,8 +271,9 @@ def test_a_webhook_url_on_the_command_line_is_refused_and_never_printed(tmp_path
     assert "s3cr3t" not in refused.stderr and "<redacted>" in refused.stderr
 
 
-def test_a_url_written_into_results_notify_is_refused_without_quoting_it(tmp_path):
-    env = {**os.environ, "TPU_RL_JOBS": str(notify_jobs(tmp_path, HOOK_URL)), "TPU_RL_RUNS": str(tmp_path / "runs")}
+@pytest.mark.parametrize("written", [HOOK_URL, HOOK_URL.removeprefix("https://")])
+def test_a_url_written_into_results_notify_is_refused_without_quoting_it(tmp_path, written):
+    env = {**os.environ, "TPU_RL_JOBS": str(notify_jobs(tmp_path, written)), "TPU_RL_RUNS": str(tmp_path / "runs")}
     refused = fab("plan", env=env)
     assert refused.returncode == 2 and "s3cr3t" not in refused.stderr
     (line,) = refused.stderr.strip().splitlines()
@@ -283,4 +284,13 @@ def test_a_url_written_into_results_notify_is_refused_without_quoting_it(tmp_pat
 def test_a_value_quoted_back_is_cut_to_a_readable_length():
     refused = fab("plan", "--arg", f"vars.num_batches={'9' * 10_000}")
     (line,) = refused.stderr.strip().splitlines()
-    assert refused.returncode == 2 and len(line) < 400 and "...(10,018 characters)" in line
+    assert refused.returncode == 2 and len(line) < 400 and "...(10,017 characters)" in line
+
+
+def test_where_a_problem_is_stays_whole_however_long_its_path(tmp_path):
+    """Only a value quoted back is cut: the file and line of a long checkout's job file are always said."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "jobs"
+    shutil.copytree(REPO / "jobs", deep)
+    (deep / "train.yaml").write_text((deep / "train.yaml").read_text().replace("\nneeds:", "\nneed:"))
+    refused = fab("plan", env={**os.environ, "TPU_RL_JOBS": str(deep), "TPU_RL_RUNS": str(tmp_path / "runs")})
+    assert refused.returncode == 2 and f"{deep / 'train.yaml'}:" in refused.stderr, refused.stderr

@@ -114,9 +114,9 @@ class Liar:
         self.server.close()
 
 
-def notifier(tmp_path, receivers: dict[str, str], timeout: float) -> list[dict]:
-    """Run the notifier process as the driver starts it, over a state folder naming `receivers` (name -> URL);
-    the outcome lines it wrote."""
+def notifier_process(tmp_path, receivers: dict[str, str], timeout: float) -> tuple[jobrunner.Layout, list, dict]:
+    """The notifier as the driver starts it, over a state folder naming `receivers` (name -> URL): its layout,
+    argv and environment (each try's deadline `timeout`)."""
     layout = jobrunner.Layout(str(tmp_path / "state"))
     for folder in (layout.pipeline, layout.secrets):
         os.makedirs(folder)
@@ -125,12 +125,33 @@ def notifier(tmp_path, receivers: dict[str, str], timeout: float) -> list[dict]:
     plan = {"run": "r1", "jobs": [], "notify": [{"name": name, "secret": name} for name in receivers]}
     jobrunner.write_json(os.path.join(layout.pipeline, "plan.json"), plan)
     env = {**os.environ, "TPU_RL_NOTIFY_TIMEOUT_SECONDS": str(timeout), "TPU_RL_RETRY_BACKOFF_SECONDS": "0.01"}
-    script = pathlib.Path(notify.__file__)
-    done = subprocess.run(
-        [sys.executable, str(script), layout.root, json.dumps({"state": "done"})], env=env, timeout=120, check=True
-    )
-    assert done.returncode == 0
+    argv = [sys.executable, str(pathlib.Path(notify.__file__)), layout.root, json.dumps({"state": "done"})]
+    return layout, argv, env
+
+
+def notifier(tmp_path, receivers: dict[str, str], timeout: float) -> list[dict]:
+    """Run the notifier to its end; the outcome lines it wrote."""
+    layout, argv, env = notifier_process(tmp_path, receivers, timeout)
+    assert subprocess.run(argv, env=env, timeout=120).returncode == 0
     return notify.recent(layout, count=10)
+
+
+def test_receivers_are_told_side_by_side(tmp_path):
+    """One receiver that holds its connection for as long as a try may last (here: ten minutes) keeps no other
+    waiting: the good one is told, and its outcome written, while the first is still being tried."""
+    hanging, good = Liar(None), Receiver()
+    layout, argv, env = notifier_process(tmp_path, {"A_HANGS": hanging.url, "B_GOOD": good.url}, timeout=600)
+    process = subprocess.Popen(argv, env=env)
+    try:
+        wait_for(
+            lambda: [line["to"] for line in notify.recent(layout)] == ["B_GOOD"], 60, "the good receiver's outcome"
+        )
+        assert len(good.posts) == 1 and hanging.connections == 1 and process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
+        hanging.close()
+        good.close()
 
 
 @pytest.mark.parametrize(
