@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests import computestub, gcsemulator, gcslayer
+
+RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With workers (-n, the default `--dist load`): each test on its own, but for the MaxText CPU tier, whose tests
+    of one module and release share one run (a module fixture) and read it in file order: each such module and
+    release is one unit, on one worker. (xdist's own `--dist loadgroup` names its groups through a field pytest 9
+    no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneRunOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if not nodeid.startswith("tests/maxtext_cpu/"):
+                return nodeid
+            module, _, test = nodeid.partition("::")
+            release = RELEASE.search(test)
+            return f"{module}[{release[1]}]" if release else module
+
+    return OneRunOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -68,15 +68,11 @@ DEFAULT = RELEASES["0.2.3"]
 VENV = DEFAULT.venv  # the benchmarks' venv
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook names each item's group
 def pytest_collection_modifyitems(items):
-    """The tier's marker; and one xdist group per module and release: a module's tests share its run (a module
-    fixture) and read it in file order, on one worker."""
+    """The tier's marker (with workers, each module and release runs on one: tests/conftest.py)."""
     for item in items:
         if "/tests/maxtext_cpu/" in str(item.fspath):
             item.add_marker(pytest.mark.maxtext)
-            release = getattr(item, "callspec", None) and item.callspec.params.get("release")
-            item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}-{release or DEFAULT.version}"))
 
 
 # What `uv pip check` finds in that environment: tunix 0.1.7 (PyPI's metadata) installed without its dependencies.
