@@ -34,6 +34,7 @@ class Hub:
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     private: dict[str, bool] = field(default_factory=dict)
     fail_commits_of: set[str] = field(default_factory=set)
+    garble_commits_of: set[str] = field(default_factory=set)  # paths stored with a byte changed: the Hub lost one
     commits: dict[str, list[str]] = field(default_factory=dict)  # repo -> paths, in commit order
     requests: list[str] = field(default_factory=list)  # "METHOD path" of every request, in order
     url: str = ""
@@ -163,6 +164,10 @@ def _handler(hub: Hub):
                 }
                 if set(added) & hub.fail_commits_of:
                     return self._send(400, {"error": "simulated failure half-way through the upload"})
+                added = {
+                    p: (d[:-1] + bytes([d[-1] ^ 1]) if p in hub.garble_commits_of and d else d)
+                    for p, d in added.items()
+                }
                 hub.repos.setdefault(m[1], {}).update(added)
                 hub.commits.setdefault(m[1], []).extend(added)
                 oid = hashlib.sha1(json.dumps(sorted(added)).encode()).hexdigest()

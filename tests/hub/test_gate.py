@@ -4,6 +4,7 @@ huggingface_hub client against tests/hubstub.py: a card is anyone's to edit, so 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import pytest
@@ -15,6 +16,7 @@ from tests.hubstub import Token, serve
 
 sys.path.insert(0, str(CLONE / "bootstrap" / "remote"))  # as on the VM: the tools folder, its modules side by side
 hub_upload = importlib.import_module("hub_upload")
+manifest = importlib.import_module("manifest")
 
 REPO = "tester/grpo"
 RESULT = {"after": 55.0, "problems": 1319}  # this run: 55.0% on 1,319 problems
@@ -57,3 +59,23 @@ def test_a_better_model_by_less_than_the_noise_of_both_evals_is_held_and_beyond_
     held = hub_upload.not_better(RESULT, there, "r1", REPO)
     assert held is not None and "(+-3.8 points)" in held
     assert hub_upload.not_better({"after": 60.0, "problems": 1319}, there, "r1", REPO) is None
+
+
+def test_an_upload_the_hub_stored_otherwise_is_not_taken_as_kept(api, tmp_path, monkeypatch):
+    """After uploading, the Hub's own hashes are read again: a file it stored otherwise fails the upload, and no
+    marker says the model is kept there (the next pass uploads it again)."""
+    state, _ = api
+    monkeypatch.setenv("HF_TOKEN", "good")
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text("{}")
+    (export / "model.safetensors").write_bytes(b"weights" * 100)
+    manifest.write(str(export))
+    card, marker = tmp_path / "card.md", tmp_path / "marker.json"
+    card.write_text("# a model\n")
+    upload = [str(export), REPO, "--card", str(card), "--marker", str(marker)]
+    state.garble_commits_of.add("model.safetensors")
+    assert hub_upload.main(upload) == 1 and not marker.exists()
+    state.garble_commits_of.clear()
+    assert hub_upload.main(upload) == 0 and json.loads(marker.read_text())["files"] == 4
+    assert state.repos[REPO]["model.safetensors"] == b"weights" * 100
