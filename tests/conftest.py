@@ -11,6 +11,7 @@ from tests import computestub, gcsemulator, gcslayer
 RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: the TPU tier's venv has no xdist
 def pytest_xdist_make_scheduler(config, log):
     """With workers (-n, the default `--dist load`): each test on its own, but for the MaxText CPU tier, whose tests
     of one module and release share one run (a module fixture) and read it in file order: each such module and
