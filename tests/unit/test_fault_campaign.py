@@ -89,6 +89,7 @@ GATE_SWEPT = [
 ]
 FAULTS = int(os.environ.get("TPU_RL_CAMPAIGN_FAULTS", "200"))
 SEED = os.environ.get("TPU_RL_CAMPAIGN_SEED")
+pytestmark = pytest.mark.campaign  # minutes: in the whole suite, not in the quick tier (docs/tests.md)
 WORKERS = 2  # episodes side by side: most of a pipeline's time is waiting
 SHARDS = 1 if SEED else 4  # the campaign's parts, each a test of its own (test workers run them side by side)
 

@@ -229,7 +229,7 @@ def test_fab_plan_json_on_a_gke_stack_config(tmp_path):
     ],
 )
 def test_a_broken_stack_file_is_one_line_with_its_line(tmp_path, text, message):
-    name = f"broken-{tmp_path.name}"
+    name = f"broken-{os.getpid()}-{tmp_path.name}"  # unique across test workers: their tmp_path names repeat
     stack = REPO / f"Pulumi.{name}.yaml"
     stack.write_text(text)
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}
