@@ -239,7 +239,8 @@ def test_a_better_model_is_uploaded_and_a_run_without_evals_is_held_back_with_it
 
 def test_a_resumed_run_is_judged_from_its_first_attempts_eval_before_training(fab: Fab):
     """The gate judges the run, not the attempt: train failed half way, the next fab train resumed it (its log
-    moved aside, its own Pre eval scoring the restored weights), and the better model is uploaded."""
+    moved aside, its own Pre eval scoring the restored weights: as good as the end, so an attempt judged alone
+    would be held back), and the better model is uploaded."""
     repo = gate(fab, "improved")
     better = ("--arg", "vars.num_batches=4", "--arg", "train.env.STANDIN_EVALS=600,800,1319")
     failed = fab("train", *better, "--arg", "train.env.STANDIN_FAIL=1")
@@ -249,7 +250,7 @@ def test_a_resumed_run_is_judged_from_its_first_attempts_eval_before_training(fa
     assert "Restored params from step: 2" in (fab.job_dir(current_run(fab), "train") / "log").read_text()
     assert f"model kept at {fab.hub.url}/{repo} (verified)" in resumed.stdout
     card = fab.hub.repos[repo]["README.md"].decode()
-    assert "| before training | 45.49 |" in card and "| resumed at step 2 | 45.49 |" in card
+    assert "| before training | 45.49 |" in card and "| resumed at step 2 | 60.65 |" in card
 
 
 def test_a_worse_model_never_replaces_a_better_one_on_the_hub(fab: Fab):

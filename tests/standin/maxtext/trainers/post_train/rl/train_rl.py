@@ -16,13 +16,14 @@ from maxtext import _standin
 DEFAULTS = {"checkpoint_period": "50", "max_num_checkpoints_to_keep": "10"}  # rl.yml's
 
 
-def eval_line(phase: str, step: int) -> str:
+def eval_line(phase: str, step: int, restored: bool = False) -> str:
     """STANDIN_EVALS=BEFORE,AFTER,TOTAL: problems solved before training and at every eval after, out of TOTAL;
-    else 3 of 9 before, one more every 4 steps."""
+    else 3 of 9 before, one more every 4 steps. A resumed attempt's eval "before training" scores the restored,
+    trained weights, as the real train_rl's does (AFTER)."""
     corr, total = min(9, 3 + step // 4), 9
     if given := os.environ.get("STANDIN_EVALS"):
         before, after, total = (int(n) for n in given.split(","))
-        corr = before if phase.startswith("Pre") else after
+        corr = before if phase.startswith("Pre") and not restored else after
     return (
         f"{phase}: corr={corr}, total={total}, accuracy={corr / total * 100}%, "
         f"partial_accuracy={min(100.0, corr / total * 100 + 2)}%, "
@@ -48,7 +49,7 @@ def main() -> None:
         # tunix 0.1.7's own line (tunix/sft/checkpoint_manager.py, maybe_restore), as train_rl logs it on resuming
         _standin.log(f"Restored params from step: {start - 1} in 0.012 seconds", where="checkpoint_manager.py:235")
     if evaluates:
-        _standin.log(eval_line("Pre RL Training", 0), "W", "train_rl.py:716")
+        _standin.log(eval_line("Pre RL Training", 0, restored=start > 1), "W", "train_rl.py:716")
     _standin.log("Starting RL training...", "W", "train_rl.py:730")
     events = _standin.EventFile(f"{run_dir}/tensorboard/events.out.tfevents.{start}.standin")
     events.write(_standin.file_version_record())
