@@ -9,13 +9,13 @@ sys.dont_write_bytecode = False
 
 from invoke import Collection  # noqa: E402
 
-from bootstrap.tasks import common, host_tasks, jobs_tasks, pipeline_tasks, results_tasks, suggest  # noqa: E402
+from bootstrap.tasks import common, demo_tasks, host_tasks, jobs_tasks, pipeline_tasks, results_tasks, suggest  # noqa: E402
 
 suggest.install()  # `fab trian`: the task meant, not invoke's bare "No idea what 'trian' is!"
 common.quiet_broken_pipe()  # `fab --help | head`: no traceback
 
 ns = Collection()
-for module in (jobs_tasks, pipeline_tasks, results_tasks, host_tasks):
+for module in (jobs_tasks, pipeline_tasks, results_tasks, host_tasks, demo_tasks):
     for task in Collection.from_module(module).tasks.values():
         ns.add_task(task)
 

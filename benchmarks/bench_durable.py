@@ -32,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
 
+from bootstrap.demo import MAKE_INPUTS  # noqa: E402
 from tests import computestub, gcsemulator, gcslayer  # noqa: E402
 from tests.loopback import Fab, loopback_host, wait_for  # noqa: E402
-from tests.maxtext_cpu.conftest import HERE, HOST_ENV, VENV, cpu_fab_at, overrides  # noqa: E402
+from tests.maxtext_cpu.conftest import HOST_ENV, VENV, cpu_fab_at, overrides  # noqa: E402
 from tests.stack import INSTANCE, Stack, lose, wipe  # noqa: E402
 
 ABSL_TIME = re.compile(r"^[IWEF]\d{4} (\d\d:\d\d:\d\d\.\d+) .*Train step (\d+) training loss", re.M)
@@ -83,7 +84,7 @@ def main() -> None:
             stack = Stack(fab, compute)
             timed(stack, "setup")
             inputs = fab.tmp / "inputs"
-            subprocess.run([VENV / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+            subprocess.run([VENV / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
             base = [word for o in overrides(inputs, steps) for word in ("--arg", o)]
             local_dir = f"{fab.tmp}/shm/local"
             bucket = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}"

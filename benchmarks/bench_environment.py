@@ -38,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
 
+from bootstrap.demo import MAKE_INPUTS  # noqa: E402
 from bootstrap.remote import envcache, gcs  # noqa: E402
 from tests import computestub, gcsemulator, gcslayer  # noqa: E402
 from tests.loopback import edit_yaml, loopback_host, wait_for  # noqa: E402
-from tests.maxtext_cpu.conftest import HERE, HOST_ENV, cpu_fab_at, overrides  # noqa: E402
+from tests.maxtext_cpu.conftest import HOST_ENV, cpu_fab_at, overrides  # noqa: E402
 from tests.stack import INSTANCE, Stack, lose, wipe  # noqa: E402
 
 KEPT = re.compile(r"environment kept in \S+ \(([\d.]+) GiB in \d+ parts, (\d+) s\)")
@@ -133,7 +134,7 @@ def recovered(fab, host, settings: tuple[str, ...]) -> list[tuple[str, str]]:
     compute.host_keys[INSTANCE] = [tuple(host.host_key.read_text().split()[:2])]
     stack = Stack(fab, compute)
     inputs = fab.tmp / "inputs"
-    subprocess.run([fab.tmp / "venv" / "bin" / "python", HERE / "make_inputs.py", inputs], check=True)
+    subprocess.run([fab.tmp / "venv" / "bin" / "python", MAKE_INPUTS, inputs], check=True)
     args = [word for o in overrides(inputs, 6) for word in ("--arg", o)] + [
         *settings,
         "--arg",

@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_real import cpu_fab  # noqa: E402  (this folder is on sys.path when run as a script)
 
+from bootstrap.demo import MAKE_INPUTS  # noqa: E402
 from bootstrap.results.estimate import took  # noqa: E402
 from bootstrap.results.runs import RunRecord  # noqa: E402
-from tests.maxtext_cpu.conftest import HERE, VENV, overrides  # noqa: E402
+from tests.maxtext_cpu.conftest import VENV, overrides  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
         tmp = fab.tmp
         assert fab("setup", timeout=3600).returncode == 0
         inputs = tmp / "inputs"
-        subprocess.run([VENV / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+        subprocess.run([VENV / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
 
         def run(name: str, steps: int) -> None:
             args = [word for o in overrides(inputs, steps) for word in ("--arg", o)]

@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_fab import timed  # noqa: E402  (this folder is on sys.path when run as a script)
 
+from bootstrap.demo import MAKE_INPUTS  # noqa: E402
 from bootstrap.remote.jobrunner import DEFERRED  # noqa: E402
 from tests import hubstub  # noqa: E402
 from tests.loopback import Fab, edit_yaml, loopback_host, write_test_jobs  # noqa: E402
-from tests.maxtext_cpu.conftest import HERE, HOST_ENV, VENV, environment, overrides  # noqa: E402
+from tests.maxtext_cpu.conftest import HOST_ENV, VENV, environment, overrides  # noqa: E402
 
 
 def by_hand(fab: Fab, args: list[str], steps: int) -> float:
@@ -89,7 +90,7 @@ def main() -> None:
         tmp = fab.tmp
         setup = timed(fab, "setup")
         inputs = tmp / "inputs"
-        subprocess.run([venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+        subprocess.run([venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
         steps = 4
         base = [word for o in overrides(inputs, steps) for word in ("--arg", o)]
         timed(fab, "train", *base, "--arg", f"vars.work_dir={tmp}/warm", "--run-name", "warm")  # caches, prefetch

@@ -53,6 +53,7 @@ class Session:
     stack: dict | None = None
     token_checked: bool = False  # the Hub check (results/hub.py) passed for this command
     token_check: TokenCheck | None = None  # that check, begun while connecting (tasks/common.py)
+    command: tuple[str, ...] = ()  # the command line that watches this run again, when not a task's (fab demo)
 
     def check_token(self) -> None:
         """The Hub check of the token, once: only when a job is about to start (a no-op asks the Hub
@@ -70,6 +71,8 @@ class Session:
 
     def hint(self, *task: str) -> str:
         """A fab command line that works as printed: the task, with this command's run and overrides."""
+        if self.command:
+            return shlex.join([*self.command, "--run-name", self.plan.run_name])
         words = ["fab", *task, "--run-name", self.plan.run_name]
         for override in self.overrides:
             words += ["--arg", override]

@@ -25,22 +25,11 @@ from pathlib import Path
 
 import yaml
 
+from bootstrap.vm.here import NETWORK_ENV
 from scripts.maxtext_config_env import python312
 from tests import hubstub
 
 REPO = Path(__file__).resolve().parents[1]
-NETWORK_ENV = (
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-)
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin") or "/usr/sbin/sshd"
 
 

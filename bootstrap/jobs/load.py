@@ -460,7 +460,7 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 env={**(pipeline.accelerator.env if spec.tpu else {}), **spec.env},
                 secrets=list(spec.secrets),
                 cwd="~",
-                needs=([SETUP] if spec.module else []) + list(spec.needs),
+                needs=([SETUP] if spec.module or python in argv else []) + list(spec.needs),  # the venv's users
                 inputs=list(spec.inputs),
                 outputs=list(spec.outputs),
                 after=[list(a) for a in spec.after],

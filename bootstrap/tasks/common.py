@@ -76,12 +76,19 @@ def quiet_broken_pipe() -> None:
     sys.excepthook = hook
 
 
-def open_session(c: Context, overrides: list[str], run_name: str | None = None, **options: bool) -> Session:
+def open_session(
+    c: Context, overrides: list[str], run_name: str | None = None, here: dict[str, str] | None = None, **options: bool
+) -> Session:
     """The command's session (tasks/sessions.py, which says what the `options` are). Inputs that passed the local
     checks before dial the VM at once: the connection opens while the jobs' schema imports and the checks run
-    again (jobs/checked.py)."""
+    again (jobs/checked.py). With `here` (the environment its commands see), this machine is the VM (fab demo)."""
     inputs = LocalInputs(overrides, run_name, options)
-    dial = Dial(c, console.print, connects=not options.get("recover")) if inputs.passed_before() else None
+    if here is not None:
+        from ..vm.here import HereDial
+
+        dial = HereDial(here)
+    else:
+        dial = Dial(c, console.print, connects=not options.get("recover")) if inputs.passed_before() else None
     from . import sessions  # the jobs' schema (pydantic) and everything a session needs
 
     return sessions.open_session(c, inputs, dial, overrides, run_name, **options)

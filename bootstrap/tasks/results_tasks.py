@@ -21,16 +21,20 @@ from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_
 if TYPE_CHECKING:
     from ..jobs import load
     from ..jobs.plan import Plan
+    from ..session import Session
 
 
 @task(name="metrics", iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP})
 @reports_errors
 def fetch_metrics(c, arg=None, run_name=None):
     """Copy the run's training metrics from the VM; write CSV, a PNG plot and a summary locally."""
-    from ..results import metrics  # matplotlib and TensorBoard take half a second to import: only here
+    write_metrics(open_session(c, arg or [], run_name, runs_jobs=False))
 
-    session = open_session(c, arg or [], run_name, runs_jobs=False)
+
+def write_metrics(session: Session) -> None:
+    """fab metrics of the session's run: its events and records copied here, then CSV, PNG and a summary."""
     from ..remote import attempts
+    from ..results import metrics  # matplotlib and TensorBoard take half a second to import: only here
 
     train = next((job for job in session.plan.rendered if job.progress), None)
     if train is None:
@@ -119,6 +123,12 @@ def publish(c, arg=None, run_name=None):
 def list_runs(c, json_=False):
     """This stack's runs side by side, from this machine's records, the VM and its bucket: settings, before -> after
     accuracy, chip-hours, where the model is."""
+    show_runs(c, json_)
+
+
+def show_runs(c, json_: bool = False, here: dict[str, str] | None = None, shared: tuple[str, ...] = ()) -> None:
+    """fab runs; with `here` (its commands' environment), of this machine as the VM, and the `shared` settings of
+    its runs said once above the table rather than in each row (fab demo)."""
     from rich.table import Table
 
     from ..jobs import load
@@ -128,7 +138,7 @@ def list_runs(c, json_=False):
     say = (lambda text: print(text, file=sys.stderr)) if json_ else console.print
     files = load.read(jobs_dir())
     try:
-        found, host, now, chips = _listed(c, files, say)
+        found, host, now, chips = _listed(c, files, say, here)
     except UserError as err:  # no stack, a stopped VM, no connection: this machine's records still are a list
         say(f"the VM and its bucket were not read: {secrets.redact(str(err))}")
         found, host, now, chips = None, "", lambda run, settings: None, 0
@@ -144,6 +154,8 @@ def list_runs(c, json_=False):
     if not rows:
         console.print(f"no runs recorded in {runs_dir()}{f' or on {host}' if host else ''} yet: fab train starts one")
         return
+    if shared:
+        console.print(f"each run's settings below leave out the {len(shared)} that every one of them has")
     table = Table(title=f"runs recorded in {runs_dir()}{f', on {host} and in its bucket' if host else ''}")
     columns = (
         "run",
@@ -154,8 +166,7 @@ def list_runs(c, json_=False):
         "accuracy %",
         "format %",
         "reward",
-        "took (est.)",
-        "chip-h (est.)",
+        "took, chip-h (est.)",
         "model",
     )
     for column in columns:
@@ -166,7 +177,9 @@ def list_runs(c, json_=False):
             ", ".join(row["known"]),
             row["started"] or "-",
             row["state"],
-            "(unknown)" if row["settings"] is None else "\n".join(row["settings"]) or "(defaults)",
+            "(unknown)"
+            if row["settings"] is None
+            else "\n".join(s for s in row["settings"] if s not in shared) or "(defaults)",
             _pair(row["accuracy"], ".1f"),
             _pair(row["format_accuracy"], ".0f"),
             f"{row['mean_reward']:.3f}" if row["mean_reward"] is not None else "-",
@@ -202,24 +215,26 @@ def _against_estimate(row: dict) -> str:
     return cell or "-"
 
 
-def _listed(c, files: load.JobFiles, say) -> tuple[dict, str, Callable, int]:
-    """What the VM and its bucket hold of every run, in one round trip (the install's, with current tools); the
-    VM's name; what jobs/ renders now for a run and its --args (None: it no longer renders); its chips."""
+def _listed(c, files: load.JobFiles, say, here: dict[str, str] | None) -> tuple[dict, str, Callable, int]:
+    """What the VM (this machine, with `here`) and its bucket hold of every run, in one round trip (the install's,
+    with current tools); the VM's name; what jobs/ renders now for a run and its --args (None: it no longer
+    renders); its chips."""
     from ..jobs import load
     from ..jobs.plan import build
     from ..remote.jobrunner import Layout
     from ..results import side_by_side
     from ..results.publish import durable_overrides
     from ..vm import connect
+    from ..vm.here import Here
     from ..vm.machine import Vm
 
-    outputs = None if isinstance(c, Connection) else connect.stack_outputs()
+    outputs = None if here is not None or isinstance(c, Connection) else connect.stack_outputs()
     if outputs and outputs.get("backend") == "gke":
         raise UserError("a gke stack: fab runs reads the vm backend's VM and bucket only")
     spec = load.resolve(files, []).spec
     durable = durable_overrides(spec, outputs)
-    conn = connect.connection(c, say, outputs)
-    vm = Vm(connect.open_connection(conn, outputs), Layout(spec.vm.state_dir))
+    conn = Here(here) if here is not None else connect.connection(c, say, outputs)
+    vm = Vm(conn if here is not None else connect.open_connection(conn, outputs), Layout(spec.vm.state_dir))
     machine_type = (outputs or {}).get("machine_type")
     placed = build(files, durable, user=conn.user, machine_type=machine_type)
     request = side_by_side.request(placed, outputs)

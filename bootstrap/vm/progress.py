@@ -23,6 +23,10 @@ from ..remote import evals
 WEIGHTS = re.compile(r"Transforming weights:.*?(\d+)/(\d+)")
 STEP = re.compile(r"Train step (\d+) training loss: (\S+)")
 SETUP_STEP = re.compile(r"^==> (.*)")
+# uv's own lines for each large package it fetches (printed without a terminal too): the setup job's download bar
+DOWNLOADING = re.compile(r"^Downloading (\S+) \(([\d.]+)([KMG])iB\)$")
+DOWNLOADED = re.compile(r"^\s*Downloaded (\S+)$")
+MIB = {"K": 1 / 1024, "M": 1, "G": 1024}
 NOTABLE = re.compile(
     r"Starting RL training|RL Training Completed Successfully|Conversion complete|successfully saved in HuggingFace|"
     r"Overall Elapse|Peak Memory|MAXTEXT CONFIG ERROR|ENVIRONMENT ERROR|Traceback|Error|\[tpu-rl\] "
@@ -35,12 +39,13 @@ ABSL_PREFIX = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] |(?:INFO|WARN
 class Update:
     """What one log line says: a counter, an eval result, or a line worth showing."""
 
-    kind: str  # "count", "eval", "phase", "note"
+    kind: str  # "count", "eval", "phase", "note", "download" (a package announced, `size` MiB), "downloaded"
     text: str = ""
     note: str = ""
     done: int = 0
     total: int = 0
     eval: dict | None = None
+    size: float = 0.0
 
 
 def parse(line: str, total_steps: int | None = None) -> Update | None:
@@ -50,6 +55,10 @@ def parse(line: str, total_steps: int | None = None) -> Update | None:
         return Update("count", "transforming weights", done=int(m[1]), total=int(m[2]))
     if m := STEP.search(line):
         return Update("count", "training steps", done=int(m[1]), total=total_steps or int(m[1]), note=f"loss {m[2]}")
+    if m := DOWNLOADING.match(line):
+        return Update("download", m[1], size=float(m[2]) * MIB[m[3]])
+    if m := DOWNLOADED.match(line):
+        return Update("downloaded", m[1])
     if m := SETUP_STEP.match(line):
         return Update("phase", m[1])
     if NOTABLE.search(line):
@@ -125,6 +134,7 @@ class JobProgress:
         self.count: tuple[int, int] | None = None
         self.count_started: tuple[float, int] | None = None
         self.collected: list[dict] = []
+        self.downloads: dict[str, tuple[float, bool]] = {}  # package -> (MiB, fetched)
         self.attempts = evals.Attempts()
         self.bars = bars
         self.task = bars.add_task(self.phase, total=None, job=job) if bars else None
@@ -141,6 +151,12 @@ class JobProgress:
         self._heartbeat()
 
     def _apply(self, update: Update) -> None:
+        if update.kind in ("download", "downloaded"):  # the bar in MiB of what uv announced
+            size = self.downloads.get(update.text, (update.size, False))[0]
+            self.downloads[update.text] = (size, update.kind == "downloaded")
+            done = sum(size for size, fetched in self.downloads.values() if fetched)
+            total = sum(size for size, _ in self.downloads.values())
+            update = Update("count", "downloading packages, MiB", done=round(done), total=round(total))
         if update.kind == "count":
             new_phase = self.phase != update.text or self.count_started is None
             if new_phase:

@@ -97,9 +97,10 @@ class Watcher:
             self.outcome = PipelineState(item["state"])
 
     def tick(self) -> None:
-        """Nothing came for a while: a heartbeat for each job shown."""
-        for progress in self.progress.values():
-            progress.tick()
+        """Nothing came for a while: a heartbeat for each job shown that has not ended."""
+        for name, progress in self.progress.items():
+            if name not in self.ended:
+                progress.tick()
 
     def _end(self, name: str, status: JobStatus) -> None:
         record = self.session.record
@@ -125,9 +126,12 @@ class Watcher:
         if failed:
             name, status = failed[0]
             self._show_log(name, status)
+            # fab demo's own command line carries its run on; its logs are files of this machine
+            full_log = status.log if session.command else session.hint("logs", "--job", name)
+            again = session.hint() if session.command else "fab train"
             raise UserError(
                 f"{name} {status.state.value} on {session.vm.name}: {status.error or 'see the log'}. "
-                f"Full log: {session.hint('logs', '--job', name)}. Fix the cause, then run fab train again to retry it"
+                f"Full log: {full_log}. Fix the cause, then run {again} again to retry it"
             )
         if record.evals:
             session.console.print(eval_table(record.evals))

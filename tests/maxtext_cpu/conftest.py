@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.demo import cpu
 from tests import gcsemulator, hubstub
 from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
 
@@ -20,15 +21,6 @@ HERE = Path(__file__).resolve().parent
 # Cached between runs like the validator's venv: the setup job keeps a venv already built for its spec.
 VENVS = Path(os.environ.get("TPU_RL_CPU_VENVS") or Path.home() / ".cache" / "tpu-rl")
 HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # no TPU, no Hub
-TINY = [
-    "override_model_config=True",
-    "base_emb_dim=64",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
-    "head_dim=128",  # the converter takes head_dim and the layer count (32) from its 8B table
-    "base_mlp_dim=128",
-    "vocab_size=512",
-]
 
 
 @dataclass(frozen=True)
@@ -36,7 +28,7 @@ class Release:
     """What the CPU tier does differently for one MaxText release; everything else is the same."""
 
     version: str
-    pins: tuple[str, ...] = ()  # its CPU dependencies beyond requirements-cpu.txt
+    pins: tuple[str, ...] = ()  # its CPU dependencies beyond bootstrap/demo/requirements-cpu.txt
     train: tuple[str, ...] = ()  # train settings that name one thing differently in this release
     unset_schedule_peak: float = 0.0  # the shipped run's highest learning rate with learning_rate_schedule_steps=-1
 
@@ -50,10 +42,7 @@ RELEASES = {
     for release in (
         Release(
             "0.2.3",
-            train=(
-                "debug.rl=false",
-                "use_standalone_converter=true",  # the branch that takes a rollout class: the CPU sampler
-            ),
+            train=cpu.TRAIN_0_2_3,
             unset_schedule_peak=9.8e-9,  # -1 is base.yml's steps=150001: the reference's schedule, as the check says
         ),
         Release(
@@ -75,50 +64,16 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.maxtext)
 
 
-# What `uv pip check` finds in that environment: tunix 0.1.7 (PyPI's metadata) installed without its dependencies.
-TUNIX_UNMET = ["hf-transfer", "kagglehub", "numba", "tensorflow-datasets"]
-ACCEPTED_CONFLICTS = [
-    *(
-        {
-            "conflict": f"The package `google-tunix` requires `{name}`, but it's not installed",
-            "why": "tunix is installed with --no-deps; the CPU tier's trainer never imports it",
-        }
-        for name in TUNIX_UNMET
-    ),
-    {
-        "conflict": "The package `google-tunix` requires `safetensors<0.8`, but `0.8.0` is installed",
-        "why": "the CPU set's transformers 5.24 needs safetensors 0.8; the tiny model's files load with it",
-    },
-]
-
-
 def environment(release: Release = DEFAULT) -> dict:
-    """maxtext without extras, the CPU dependency set (pinned), tunix 0.1.7 (PyPI's newest) without its
-    dependencies; the environment check proves the tunix it installs (no vLLM, no tpu-inference: the CPU
-    rollout replaces them)."""
-    pins = (HERE / "requirements-cpu.txt").read_text().split()
-    return {
-        "python": "3.12",
-        "venv": str(release.venv),
-        "packages": [f"maxtext=={release.version}", *pins, *release.pins],
-        "post_install": ["uv pip install --no-deps google-tunix==0.1.7"],
-        "check_packages": {"google-tunix": "==0.1.7"},
-        "accepted_conflicts": ACCEPTED_CONFLICTS,
-    }
+    """The CPU environment (bootstrap/demo/cpu.py) of `release`, in its cached venv."""
+    return cpu.environment(release.venv, release.version, release.pins)
 
 
 def overrides(inputs: Path, num_batches: int = 4, release: Release = DEFAULT) -> list[str]:
     """What a user passes with --arg to run the shipped jobs on the tiny model, on CPU."""
-    args = [f"{job}.{setting}" for job in ("convert", "train", "export") for setting in TINY]
     return [
-        *args,
+        *cpu.model_overrides(inputs),
         f"vars.num_batches={num_batches}",
-        f"vars.hf_home={inputs}/hf_home",
-        "convert.--lazy_load_tensors=True",
-        f"convert.--hf_model_path={inputs}/hf_model",
-        f"train.tokenizer_path={inputs}/tokenizer",
-        f"train.hf_train_files={inputs}/gsm8k/train.parquet",
-        f"train.hf_eval_files={inputs}/gsm8k/test.parquet",
         "train.max_prefill_predict_length=128",
         "train.max_target_length=160",
         "train.num_test_batches=2",
@@ -138,10 +93,6 @@ def overrides(inputs: Path, num_batches: int = 4, release: Release = DEFAULT) ->
         "train.eval_interval=2",
         "train.log_period=1",
         *(f"train.{setting}" for setting in release.train),
-        "train.env.MAXTEXT_CPU_ROLLOUT=1",
-        f"train.env.PYTHONPATH={HERE / 'shim'}",
-        f"convert.env.PYTHONPATH={HERE / 'shim'}",  # a gs:// folder made as TensorFlow's gfile makes it
-        "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's
     ]
 
 

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from bootstrap.demo import MAKE_INPUTS
 from bootstrap.remote import gcs, jobrunner
 from bootstrap.remote.driver import PipelineState
 from bootstrap.results import timing
@@ -47,9 +48,7 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
         stack = Stack(fab, compute, instance_id="1001")
         set_up(fab, release, stack)
         inputs = fab.tmp / "inputs"
-        subprocess.run(
-            [release.venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True
-        )
+        subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
         durable = f"gs://{gcsemulator.BUCKET}/{uuid.uuid4().hex[:8]}/llama3.1-8b-Instruct"
         hold = fab.tmp / "hold"
         hold.write_text(f"{LOST_AFTER}\n")

@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.demo import MAKE_INPUTS, SHIM, cpu
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.jobs.schedule import Schedule
 from bootstrap.paths import REPO
 from bootstrap.remote import attempts, evals
 from tests.loopback import Fab
-from tests.maxtext_cpu.conftest import ACCEPTED_CONFLICTS, HERE, Release, overrides, set_up
+from tests.maxtext_cpu.conftest import HERE, Release, overrides, set_up
 
 STEPS = 4
 BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
@@ -43,7 +44,7 @@ def run(cpu_fab: Fab, release: Release) -> dict:
     """fab setup, the tiny inputs, then one fab train; everything the tests below read."""
     set_up(cpu_fab, release)
     inputs = cpu_fab.tmp / "inputs"
-    subprocess.run([release.venv / "bin" / "python", HERE / "make_inputs.py", inputs], check=True, capture_output=True)
+    subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
     args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]
     train = cpu_fab("train", *args, timeout=1800)
     assert train.returncode == 0, train.stdout[-5000:] + train.stderr
@@ -125,7 +126,7 @@ def test_the_environment_was_proven_beside_the_validator_before_train(cpu_fab: F
     log = next((cpu_fab.tmp / "state" / "shared").glob("validate-*/log")).read_text()
     assert re.search(
         rf"environment: ok: JAX sees [0-9]+ cpu device\(s\); google-tunix 0\.1\.7; uv pip check: "
-        rf"{len(ACCEPTED_CONFLICTS)} accepted conflict\(s\)",
+        rf"{len(cpu.ACCEPTED_CONFLICTS)} accepted conflict\(s\)",
         log,
     ), log
 
@@ -204,7 +205,7 @@ def test_the_local_schedule_is_maxtexts_own(run: dict, release: Release):
     ]
     jobs = shipped_jobs(release)
     trains = [build(jobs, case, "r1").job("train") for case in cases]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(HERE / "shim")}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(SHIM)}
     real = subprocess.run(
         [release.venv / "bin" / "python", HERE / "maxtext_lr.py"],
         input=json.dumps([train.rendered.argv[3:] for train in trains]),

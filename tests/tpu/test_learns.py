@@ -11,10 +11,10 @@ problem (eval_sampling_strategy standard, pass_at_1), so the measure does not re
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
+from bootstrap.demo import MAKE_LEARNABLE_INPUTS
 from bootstrap.remote import attempts, evals
 from tests.tpu import tier as harness
 from tests.tpu.tier import note
@@ -35,12 +35,11 @@ LEARNS = [  # the CPU-measured settings (make_learnable_inputs.py): 4 prompts x 
     "train.eval_mode=pass_at_1",
     "train.num_eval_passes=4",
 ]
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def tier(tmp_path_factory) -> harness.Tier:
-    return harness.Tier(tmp_path_factory.mktemp("learns"), make_inputs=HERE / "make_learnable_inputs.py")
+    return harness.Tier(tmp_path_factory.mktemp("learns"), make_inputs=MAKE_LEARNABLE_INPUTS)
 
 
 def run(tier: harness.Tier, name: str, rate: str) -> dict:

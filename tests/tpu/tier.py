@@ -24,11 +24,11 @@ from pathlib import Path
 
 import yaml
 
+from bootstrap.demo import MAKE_INPUTS, SHIM
 from bootstrap.jobs import environment, load
 from bootstrap.jobs.plan import Plan, build
 from bootstrap.paths import REPO
 from bootstrap.remote import jobrunner
-from tests.maxtext_cpu.conftest import HERE as CPU_TIER
 from tests.maxtext_cpu.conftest import RELEASES, overrides
 
 VENV_ENV = "TPU_RL_TPU_VENV"  # the tier's venv (install.sh), where the TPU host's JAX runs
@@ -69,7 +69,7 @@ class Tier:
     """One temporary folder's worth of the tier: inputs, job files, the VM's state and /dev/shm."""
 
     root: Path
-    make_inputs: Path = CPU_TIER / "make_inputs.py"
+    make_inputs: Path = MAKE_INPUTS
     chips: int = 1
     chip_kind: str = "TPU v5 lite"
     started: dict[str, float] = field(default_factory=dict)
@@ -123,7 +123,7 @@ class Tier:
 
     def args(self, steps: int, *extra: str) -> list[str]:
         """The CPU tier's --args for this host: its shim beside the host's own JAX on PYTHONPATH."""
-        path = f"{CPU_TIER / 'shim'}:{os.environ.get('PYTHONPATH', '')}"
+        path = f"{SHIM}:{os.environ.get('PYTHONPATH', '')}"
         return [
             *overrides(self.inputs, steps, RELEASE),
             f"train.env.PYTHONPATH={path}",

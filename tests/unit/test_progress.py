@@ -176,3 +176,18 @@ def test_a_resumed_attempts_pre_eval_is_not_the_base_models_and_the_first_attemp
     table = io.StringIO()
     Console(file=table, width=200).print(eval_table(kept))
     assert "before training" in table.getvalue() and "resumed at step 2" in table.getvalue()
+
+
+def test_the_recorded_setup_log_gives_a_download_bar_in_mib_that_ends_full():
+    """A first `fab demo` on a machine with nothing cached: uv's own lines, recorded (CPU environment, 388 MB)."""
+    board, progress, out, clock = watching("setup", terminal=False)
+    announced = []
+    with board:
+        for line in recorded("setup"):
+            progress.feed(line)
+            if progress.count and progress.phase.startswith("downloading"):
+                announced.append(progress.count)
+    sizes = [parse(line).size for line in recorded("setup") if line.startswith("Downloading ")]
+    assert len(sizes) == 26 and announced[-1] == (round(sum(sizes)), round(sum(sizes)))
+    assert all(done <= total for done, total in announced) and announced[0][0] == 0
+    assert "[setup] downloading packages, MiB 0/" in out.getvalue() and "[setup] environment ready" in out.getvalue()

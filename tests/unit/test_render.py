@@ -3,8 +3,10 @@
 import os
 import re
 import shlex
+import shutil
 
 import pytest
+import yaml
 
 from bootstrap.errors import UserError
 from bootstrap.jobs import load
@@ -226,3 +228,14 @@ def test_a_key_covers_the_keys_it_names(tmp_path):
     first, other = keys(), keys(["convert.scan_layers=False"])
     assert other["convert"] != first["convert"] and other["inspect"] != first["inspect"]
     assert keys(["train.num_batches=7"])["inspect"] == first["inspect"]
+
+
+def test_a_command_that_runs_the_environments_python_waits_for_it(tmp_path):
+    """fab demo's prefetch makes its inputs with the venv's Python: it must start only once setup built the venv."""
+    shutil.copytree(REPO / "jobs", tmp_path / "jobs")
+    prefetch = tmp_path / "jobs" / "prefetch.yaml"
+    spec = yaml.safe_load(prefetch.read_text())
+    spec["command"] = ["${python}", "make_inputs.py"]
+    prefetch.write_text(yaml.safe_dump(spec))
+    rendered = render(load_pipeline(tmp_path / "jobs", [], {"run_name": RUN}))[0]
+    assert rendered.argv[0].endswith("/bin/python3") and rendered.needs == ["setup"]

@@ -1,4 +1,4 @@
-"""Test environment only: what the CPU tier puts in place of what a TPU VM has. Nothing in
+"""The CPU stand-in for what a TPU VM has (fab demo and the CPU tier put it on PYTHONPATH). Nothing in
 site-packages is edited; each part is a patch applied when its module is imported.
 
 - MAXTEXT_CPU_ROLLOUT=1: MaxText's train_rl imports its vLLM rollout at module level (vLLM needs

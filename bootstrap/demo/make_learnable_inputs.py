@@ -1,8 +1,8 @@
 """Tiny inputs on which MaxText's real GRPO measurably improves the model (about 2 s):
 
-    PYTHON make_learnable_inputs.py OUT_DIR    # PYTHON: the tier's venv (numpy, safetensors, tokenizers, ...)
+    PYTHON make_learnable_inputs.py OUT_DIR    # PYTHON: the CPU venv (numpy, safetensors, tokenizers, ...)
 
-The layout and shape rules are make_inputs.py's (tests/maxtext_cpu: 32 layers, head_dim 128, width 64,
+The layout and shape rules are make_inputs.py's (beside it: 32 layers, head_dim 128, width 64,
 vocab 512, the format tags as single tokens, an offline Hub cache entry), which the CPU tier's model could not
 learn from (near context free, its prior already at the reward's optimum).
 Here the model is a hand-set bigram model in Llama's architecture:
@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "maxtext_cpu"))
-import make_inputs  # noqa: E402 - the CPU tier's inputs: their tokenizer, config and Hub cache recipe
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_inputs  # noqa: E402 - the tiny inputs: their tokenizer, config and Hub cache recipe
 from make_inputs import HIDDEN, VOCAB  # noqa: E402
 
 ANSWER, WRONG, THINK = "7", "5", " think"

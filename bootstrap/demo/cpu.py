@@ -1,0 +1,68 @@
+"""What the shipped jobs need changed to run on a CPU with the tiny model: the environment, the model's widths,
+the inputs' paths and the CPU sampler. One place for `fab demo` and the CPU tier's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import REQUIREMENTS, SHIM
+
+VERSION = "0.2.3"  # the MaxText the demo runs (the shipped jobs' pin)
+TUNIX = "0.1.7"  # PyPI's newest google-tunix, installed without its dependencies (no vLLM: the CPU sampler)
+# The tiny model's widths: the converters take head_dim and the layer count (32) from their 8B table.
+TINY = (
+    "override_model_config=True",
+    "base_emb_dim=64",
+    "base_num_query_heads=4",
+    "base_num_kv_heads=2",
+    "head_dim=128",
+    "base_mlp_dim=128",
+    "vocab_size=512",
+)
+# MaxText 0.2.3's train settings for the CPU sampler: its standalone converter's branch takes a rollout class.
+TRAIN_0_2_3 = ("debug.rl=false", "use_standalone_converter=true")
+# What `uv pip check` finds in the CPU environment: tunix (PyPI's metadata) installed without its dependencies.
+TUNIX_UNMET = ("hf-transfer", "kagglehub", "numba", "tensorflow-datasets")
+ACCEPTED_CONFLICTS = [
+    *(
+        {
+            "conflict": f"The package `google-tunix` requires `{name}`, but it's not installed",
+            "why": "tunix is installed with --no-deps; the CPU tier's trainer never imports it",
+        }
+        for name in TUNIX_UNMET
+    ),
+    {
+        "conflict": "The package `google-tunix` requires `safetensors<0.8`, but `0.8.0` is installed",
+        "why": "the CPU set's transformers 5.24 needs safetensors 0.8; the tiny model's files load with it",
+    },
+]
+
+
+def environment(venv: Path, version: str = VERSION, pins: tuple[str, ...] = ()) -> dict:
+    """jobs/pipeline.yaml's `environment` for a CPU: maxtext without extras, its CPU dependencies (pinned), tunix
+    without its dependencies; the environment check proves the tunix it installs."""
+    return {
+        "python": "3.12",
+        "venv": str(venv),
+        "packages": [f"maxtext=={version}", *REQUIREMENTS.read_text().split(), *pins],
+        "post_install": [f"uv pip install --no-deps google-tunix=={TUNIX}"],
+        "check_packages": {"google-tunix": f"=={TUNIX}"},
+        "accepted_conflicts": ACCEPTED_CONFLICTS,
+    }
+
+
+def model_overrides(inputs: Path) -> list[str]:
+    """--args for the tiny model at `inputs` (make_inputs.py's layout): its widths, files and CPU sampler."""
+    return [
+        *(f"{job}.{setting}" for job in ("convert", "train", "export") for setting in TINY),
+        f"vars.hf_home={inputs}/hf_home",
+        "convert.--lazy_load_tensors=True",
+        f"convert.--hf_model_path={inputs}/hf_model",
+        f"train.tokenizer_path={inputs}/tokenizer",
+        f"train.hf_train_files={inputs}/gsm8k/train.parquet",
+        f"train.hf_eval_files={inputs}/gsm8k/test.parquet",
+        "train.env.MAXTEXT_CPU_ROLLOUT=1",
+        f"train.env.PYTHONPATH={SHIM}",
+        f"convert.env.PYTHONPATH={SHIM}",  # a gs:// folder made as TensorFlow's gfile makes it
+        "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's
+    ]

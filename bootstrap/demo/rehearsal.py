@@ -1,0 +1,163 @@
+"""The demo's folder and its jobs: the user's own jobs/, with only what this machine's CPU needs changed.
+
+Everything the demo makes lives in one folder (its layout is `Folder`'s): the CPU environment, the tiny inputs,
+the run's work folder and state, the run records. `fab demo --clean` removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import MAKE_LEARNABLE_INPUTS, cpu
+
+ROOT_ENV = "TPU_RL_DEMO"  # where the demo's folder is (default ~/.cache/tpu-rl/demo)
+# What this machine offers the jobs, as a VM's environment would: no TPU (JAX on the CPU), no Hub.
+MACHINE_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+STEPS = 8
+LEARNING_RATE = "3e-2"
+# The control's: fab refuses 0 (a run that changes nothing); Adam's steps of about 1e-12 round away in float32
+# weights of this size, so the control's weights stay exactly as they were.
+CONTROL_LEARNING_RATE = "1e-12"
+# The run, sized for 2 CPU cores: 2 prompts x 8 completions a step, float32 weights (bf16 would round the small
+# updates away), and MaxText's greedy eval of 64 held-out problems before and after training.
+TRAIN = (
+    f"vars.num_batches={STEPS}",
+    "train.batch_size=2",
+    "train.rl.num_generations=8",
+    "train.weight_dtype=float32",
+    "train.max_prefill_predict_length=112",
+    "train.max_target_length=128",
+    "train.num_test_batches=1",
+    "train.eval_batch_size=64",
+    "train.eval_interval=0",
+    f"train.checkpoint_period={STEPS}",
+    *(f"train.{setting}" for setting in cpu.TRAIN_0_2_3),
+)
+
+
+@dataclass(frozen=True)
+class Folder:
+    """The demo's one folder and what is in it."""
+
+    root: Path
+
+    @classmethod
+    def default(cls) -> Folder:
+        return cls(Path(os.environ.get(ROOT_ENV) or Path.home() / ".cache" / "tpu-rl" / "demo").absolute())
+
+    @property
+    def jobs(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs"
+
+    @property
+    def venv(self) -> Path:
+        return self.root / f"maxtext-{cpu.VERSION}-cpu"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def startup_marker(self) -> Path:
+        return self.root / "startup.done"  # this machine has no startup script to wait for
+
+
+def write_jobs(source: Path, folder: Folder) -> list[str]:
+    """Copy the user's jobs into the demo's folder with what a CPU needs changed; what changed, one line each."""
+    if folder.jobs.exists():
+        shutil.rmtree(folder.jobs)
+    shutil.copytree(source, folder.jobs, ignore=shutil.ignore_patterns("*~", ".*"))
+    pipeline = _edit(folder.jobs / "pipeline.yaml", lambda data: _pipeline(data, folder))
+    for name in pipeline.get("jobs") or []:
+        _edit(folder.jobs / f"{name}.yaml", lambda data: data.pop("secrets", None))
+    (folder.jobs / "prefetch.yaml").write_text(yaml.safe_dump(_prefetch(folder), sort_keys=False))
+    folder.startup_marker.write_text("fab demo: nothing to start on this machine\n")
+    return [
+        f"environment: MaxText {cpu.VERSION} for the CPU (bootstrap/demo/requirements-cpu.txt), in {folder.venv}",
+        "prefetch: makes a tiny Llama 3.1 built to learn (width 64), its tokenizer and problems whose answer is 7, "
+        "instead of the Hub's 16 GB",
+        "secrets: none (nothing is read from the Hub)",
+        f"vm: this machine's CPU (accelerator cpu, state in {folder.state}, no memory minimums, autostop off)",
+        "results: nothing leaves this machine (no Hub upload, no bucket, no notifications)",
+        f"train: {STEPS} steps of 2 prompts x 8 completions, float32 weights, greedy eval of 64 problems "
+        "before and after (the tiny model's settings: fab runs shows each one)",
+    ]
+
+
+def _edit(path: Path, change) -> dict:
+    data = yaml.safe_load(path.read_text()) or {}
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return data
+
+
+def _pipeline(data: dict, folder: Folder) -> None:
+    if "prefetch" not in (data.get("jobs") or []):  # the tiny inputs are made by the demo's prefetch
+        data["jobs"] = ["prefetch", *(data.get("jobs") or [])]
+    data["environment"] = cpu.environment(folder.venv)
+    data.setdefault("vars", {})["work_dir"] = f"{folder.root}/work/${{model_name}}"
+    data.setdefault("vm", {}).update(
+        state_dir=str(folder.state),
+        startup_marker=str(folder.startup_marker),
+        accelerator="cpu",
+        min_memory_gb=0,
+        min_shm_gb=0,
+        shm_path=str(folder.root),
+        autostop="off",  # never shut this machine down
+    )
+    data["results"] = {**data.get("results", {}), "hub_repo": "", "gcs": "", "notify": []}
+
+
+def _prefetch(folder: Folder) -> dict:
+    """The tiny inputs made here, by the environment's Python, where prefetch would have put the Hub's files."""
+    return {
+        "description": "Make the tiny model built to learn, its tokenizer and problems (here, not from the Hub)",
+        "command": ["${python}", str(MAKE_LEARNABLE_INPUTS), str(folder.inputs)],
+        "outputs": [
+            "${hf_snapshots}/*/config.json",
+            "${hf_snapshots}/*/*.safetensors",
+            f"{folder.inputs}/gsm8k/train.parquet",
+            f"{folder.inputs}/gsm8k/test.parquet",
+        ],
+    }
+
+
+def shared_overrides(folder: Folder) -> list[str]:
+    """The --args every demo run has: the tiny model and its training."""
+    return [*cpu.model_overrides(folder.inputs), *TRAIN]
+
+
+def overrides(folder: Folder, learning_rate: str = LEARNING_RATE) -> list[str]:
+    """The --args of a demo run: the shared ones, and its learning rate."""
+    return [*shared_overrides(folder), f"train.learning_rate={learning_rate}"]
+
+
+def stop(folder: Folder) -> int:
+    """Stop what the demo's pipeline runs (its driver, runners and jobs), as a deleted VM would; how many."""
+    from ..remote import jobrunner
+
+    stopped = 0
+    for path in [folder.state / "pipeline" / "driver.json", *folder.state.glob("**/runner.json"),
+                 *folder.state.glob("**/process.json")]:  # fmt: skip
+        record = jobrunner.read_json(str(path))
+        if record and isinstance(record.get("pid"), int) and jobrunner.alive(record):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill = os.killpg if path.name == jobrunner.PROCESS else os.kill  # a job: its whole process group
+                kill(record["pid"], signal.SIGKILL)
+                stopped += 1
+    return stopped

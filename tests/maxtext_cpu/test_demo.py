@@ -1,0 +1,109 @@
+"""`fab demo`, the README's command, end to end on this machine (marker maxtext): the real setup job builds the CPU
+environment, then the real convert, train and export make the tiny model built to learn better, judged as a run on
+a VM is judged.
+
+One demo folder serves the module: the demo (its environment built there), then its control with no network at
+all (a network namespace of its own: no SSH server, no Hub, no PyPI can be reached), then `--clean`. No token is
+set anywhere: the demo must not need one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bootstrap import secrets
+from bootstrap.demo import rehearsal
+from bootstrap.paths import REPO
+from bootstrap.remote import jobrunner
+from scripts.maxtext_config_env import python312
+
+FAB = Path(sys.executable).with_name("fab")
+RESULT = re.compile(r"result: GSM8K accuracy ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
+
+
+def demo(tmp: Path, *args: str, network: bool = True) -> subprocess.CompletedProcess:
+    """`fab demo ARGS` as a user runs it, with no Hugging Face token anywhere (another HOME, no token variables)."""
+    kept = {k: v for k, v in os.environ.items() if k not in (*secrets.HUB_TOKEN_SETTINGS, *secrets.HUB_TOKEN_ELSEWHERE)}
+    env = {
+        **kept,
+        "HOME": str(tmp / "home"),
+        "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),  # the wheels, kept
+        "PATH": f"{Path(python312()).parent}:{os.environ['PATH']}",  # the Python 3.12 uv would otherwise download
+        rehearsal.ROOT_ENV: str(tmp / "demo"),
+        "COLUMNS": "200",
+    }
+    (tmp / "home").mkdir(exist_ok=True)
+    argv = [str(FAB), "-r", str(REPO), "demo", *args]
+    if not network:  # a network namespace of its own: not even loopback is up
+        argv = ["unshare", "--map-root-user", "--net", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+
+
+def result(out: str) -> tuple[float, float, float, float]:
+    """The result line's accuracy before, after, change and interval."""
+    found = RESULT.search(out)
+    assert found, out[-3000:]
+    return tuple(float(group) for group in found.groups())
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("demo")
+
+
+@pytest.fixture(scope="module")
+def learns(tmp) -> subprocess.CompletedProcess:
+    return demo(tmp)
+
+
+@pytest.fixture(scope="module")
+def control(tmp, learns) -> subprocess.CompletedProcess:
+    assert learns.returncode == 0, learns.stdout[-3000:] + learns.stderr
+    return demo(tmp, "--control", network=False)
+
+
+def test_the_demo_makes_the_model_better_beyond_its_interval_and_the_gate_would_publish_it(tmp, learns):
+    assert learns.returncode == 0, learns.stdout[-5000:] + learns.stderr
+    before, after, change, interval = result(learns.stdout)
+    assert change >= 50 and change > interval, learns.stdout[-3000:]
+    assert after - before == pytest.approx(change, abs=0.1)
+    assert "the publish gate (publish_if: improved) would publish this model" in learns.stdout
+    runs = list((tmp / "demo" / "runs").glob("demo-grpo-*"))
+    assert len(runs) == 1 and (runs[0] / "metrics.png").stat().st_size > 10_000  # fab metrics' plot
+    assert "training steps 8/8" in learns.stdout  # the product's own progress, from train's real log
+    assert f"{runs[0].name}" in learns.stdout.split("runs recorded in")[-1]  # fab runs' table lists it
+
+
+def test_the_control_needs_no_network_and_no_token_and_the_gate_holds_it_back(tmp, control):
+    assert control.returncode == 0, control.stdout[-5000:] + control.stderr
+    _, _, change, _ = result(control.stdout)
+    assert change <= 0, control.stdout[-3000:]
+    assert "the publish gate would hold this model back: publish_if: improved, and it did not" in control.stdout
+    listed = control.stdout.split("runs recorded in")[-1]
+    assert "demo-grpo-" in listed and "demo-control-" in listed  # fab runs: both, side by side
+
+
+def test_the_demo_uses_the_users_jobs_with_only_what_a_cpu_needs_changed(tmp, learns):
+    out = learns.stdout
+    assert "the jobs are yours" in out and "environment: MaxText 0.2.3 for the CPU" in out
+    copied = (tmp / "demo" / "jobs" / "train.yaml").read_text()
+    assert "maxtext.trainers.post_train.rl.train_rl" in copied and "secrets" not in copied
+
+
+def test_clean_stops_what_runs_and_removes_the_one_folder(tmp, control):
+    folder = tmp / "demo"
+    sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a job the demo left running
+    job = folder / "state" / "runs" / "x" / "train"
+    job.mkdir(parents=True)
+    jobrunner.write_json(str(job / jobrunner.PROCESS), jobrunner.identity(sleeper.pid))
+    done = demo(tmp, "--clean")
+    assert done.returncode == 0, done.stderr
+    assert sleeper.wait(timeout=30) == -signal.SIGKILL
+    assert not folder.exists() and f"removed {folder}" in done.stdout

@@ -1,0 +1,65 @@
+"""fab demo's jobs: the user's own, with only what a CPU needs changed, and passing every check fab train makes
+(no MaxText run: tests/maxtext_cpu/test_demo.py runs the demo itself)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from invoke import Context, Exit
+
+from bootstrap.demo import rehearsal
+from bootstrap.jobs import load
+from bootstrap.jobs.plan import build, check_local
+from bootstrap.paths import REPO
+from bootstrap.tasks import demo_tasks
+
+
+@pytest.fixture
+def folder(tmp_path) -> rehearsal.Folder:
+    return rehearsal.Folder(tmp_path / "demo")
+
+
+def test_the_demo_jobs_pass_fabs_own_checks_and_change_only_what_a_cpu_needs(folder):
+    folder.root.mkdir()
+    changes = rehearsal.write_jobs(REPO / "jobs", folder)
+    files = load.read(folder.jobs)
+    pipeline = check_local(files, rehearsal.overrides(folder))  # raises on any problem, as fab train would
+    assert pipeline.spec.vm.accelerator == "cpu" and pipeline.spec.vm.autostop == "off"
+    assert not pipeline.spec.results.hub_repo and not pipeline.spec.results.notify
+    plan = build(files, rehearsal.overrides(folder), "demo-grpo-x")
+    assert all(not job.secrets for job in plan.rendered)  # no token
+    assert list(plan.job("prefetch").needs) == ["setup"]  # its Python is the environment's
+    shipped, demo = (yaml.safe_load((d / "train.yaml").read_text()) for d in (REPO / "jobs", folder.jobs))
+    assert {k: v for k, v in shipped.items() if k != "secrets"} == demo  # train itself: the user's
+    assert len(changes) == 6 and any(line.startswith("vm: this machine's CPU") for line in changes)
+
+
+def test_a_users_edit_to_the_jobs_is_what_the_demo_runs(folder, tmp_path):
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    train = yaml.safe_load((jobs / "train.yaml").read_text())
+    train["args"]["max_num_checkpoints_to_keep"] = 5
+    (jobs / "train.yaml").write_text(yaml.safe_dump(train))
+    folder.root.mkdir()
+    rehearsal.write_jobs(jobs, folder)
+    plan = build(load.read(folder.jobs), rehearsal.overrides(folder), "demo-grpo-x")
+    assert "max_num_checkpoints_to_keep=5" in plan.job("train").rendered.argv
+
+
+def test_clean_leaves_a_folder_that_is_not_a_demos(folder, monkeypatch):
+    folder.root.mkdir()
+    (folder.root / "precious").write_text("mine")
+    monkeypatch.setenv(rehearsal.ROOT_ENV, str(folder.root))
+    with pytest.raises(Exit, match="is not a demo folder") as refused:
+        demo_tasks.demo(Context(), clean=True)
+    assert refused.value.code == 2 and (folder.root / "precious").read_text() == "mine"
+
+
+def test_off_linux_the_demo_says_so_in_one_line_before_anything(folder, monkeypatch):
+    monkeypatch.setattr(demo_tasks.sys, "platform", "darwin")
+    monkeypatch.setenv(rehearsal.ROOT_ENV, str(folder.root))
+    with pytest.raises(Exit, match="need Linux \\(this is darwin\\)"):
+        demo_tasks.demo(Context())
+    assert not folder.root.exists()
