@@ -1,6 +1,6 @@
 """How close `fab plan`'s estimate comes: a run measured, then a second run with other steps estimated from it.
 
-    .venv/bin/python benchmarks/bench_estimate.py [--first 4] [--second 8]
+    .venv/bin/python benchmarks/bench_estimate.py [--first 4] [--second 8] [--probe 3]
 
 On the loopback host of the CPU tier (tests/maxtext_cpu, MaxText 0.2.3 on the tiny model): `fab setup`, a
 first `fab train` with --first steps (it measures train's time split), then `fab plan --json` for a second
@@ -26,46 +26,59 @@ from bootstrap.results.estimate import took  # noqa: E402
 from bootstrap.results.runs import RunRecord  # noqa: E402
 from tests.maxtext_cpu.conftest import VENV, overrides  # noqa: E402
 
+SHAPE = ["train.rl.num_generations=8", "train.num_test_batches=1"]  # --probe: twice the generations, half the evals
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--first", type=int, default=4, help="the measured run's steps")
     parser.add_argument("--second", type=int, default=8, help="the estimated run's steps")
+    parser.add_argument("--probe", type=int, default=0, help="measure with `fab train --probe N` of the second run")
     options = parser.parse_args()
+    shape = SHAPE if options.probe else []
     with cpu_fab() as fab:
         tmp = fab.tmp
         assert fab("setup", timeout=3600).returncode == 0
         inputs = tmp / "inputs"
         subprocess.run([VENV / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
 
-        def run(name: str, steps: int) -> None:
-            args = [word for o in overrides(inputs, steps) for word in ("--arg", o)]
-            done = fab("train", "--run-name", name, *args, timeout=3600)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+        def args(steps: int) -> list[str]:
+            return [word for o in [*overrides(inputs, steps), *shape] for word in ("--arg", o)]
 
-        run("measured", options.first)
-        args = [word for o in overrides(inputs, options.second) for word in ("--arg", o)]
-        planned = fab("plan", "--json", "--run-name", "estimated", *args)
-        assert planned.returncode == 0, planned.stderr
-        expected = json.loads(planned.stdout)["estimate"]
-        run("estimated", options.second)
+        def planned() -> dict:
+            found = fab("plan", "--json", "--run-name", "estimated", *args(options.second))
+            assert found.returncode == 0, found.stderr
+            return json.loads(found.stdout)["estimate"]
+
+        uncalibrated = planned()
+        measure = ["--probe", str(options.probe)] if options.probe else ["--run-name", "measured"]
+        done = fab("train", *measure, *args(options.first), timeout=3600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+        expected = planned()
+        done = fab("train", "--run-name", "estimated", *args(options.second), timeout=3600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr
         os.environ["TPU_RL_RUNS"] = str(tmp / "runs")
         record = RunRecord.load("estimated")
-    print(f"calibrated on run {expected['calibrated_on']}: {options.first} steps measured, {options.second} estimated")
-    print(f"{'stage':<10} {'estimated (s)':>16} {'took (s)':>9} {'error of the middle':>20}")
-    for stage in expected["stages"]:
+    how = f"a probe of {options.probe} steps" if options.probe else f"a run of {options.first} steps"
+    print(f"calibrated on {expected['calibrated_on']} ({how}); the estimated run: {options.second} steps {shape}")
+    print(f"{'stage':<10} {'estimated (s)':>16} {'took (s)':>9} {'error':>7}   {'uncalibrated (s)':>18} {'error':>7}")
+    for stage, before in zip(expected["stages"], uncalibrated["stages"], strict=True):
         job = record.jobs.get(stage["name"]) or {}
-        if stage["low_s"] is None or not job.get("finished"):
+        if not job.get("finished") or not job.get("ran", True):
             continue
         actual = job["finished"] - job["started"]
-        middle = (stage["low_s"] + stage["high_s"]) / 2
-        error = f"{(middle - actual) / actual:+.0%}" if actual > 1 else "-"
-        print(f"{stage['name']:<10} {stage['low_s']:>7.0f}-{stage['high_s']:<8.0f} {actual:>9.1f} {error:>20}")
-    whole = took(record)
-    middle = (expected["low_s"] + expected["high_s"]) / 2
-    print(
-        f"{'in all':<10} {expected['low_s']:>7.0f}-{expected['high_s']:<8.0f} {whole:>9.1f} {(middle - whole) / whole:>+20.0%}"
-    )
+        print(f"{stage['name']:<10} {_row(stage, actual)}   {_row(before, actual, 18)}")
+    print(f"{'in all':<10} {_row(expected, took(record))}   {_row(uncalibrated, took(record), 18)}")
+
+
+def _row(figure: dict, actual: float, width: int = 16) -> str:
+    """An estimate's range, what it took, and the error of its middle."""
+    if figure["low_s"] is None:
+        return f"{'unknown':>{width}} {actual:>9.1f} {'-':>7}"
+    middle = (figure["low_s"] + figure["high_s"]) / 2
+    error = f"{(middle - actual) / actual:+.0%}" if actual > 1 else "-"
+    span = f"{figure['low_s']:.0f}-{figure['high_s']:.0f}"
+    return f"{span:>{width}} {actual:>9.1f} {error:>7}" if width == 16 else f"{span:>{width}} {error:>7}"
 
 
 if __name__ == "__main__":

@@ -130,15 +130,21 @@ def parameters(model: dict) -> int | None:
     return embeddings + layers * (attention + 3 * width * mlp + 2 * width) + width
 
 
-def fit_problem(accelerator: Accelerator, maxtext: MaxText, module: str, args: dict[str, str]) -> str:
-    """Why an RL run of this model cannot fit these chips' HBM ("" when it can, or the numbers are not known):
-    six copies of the weights (COPIES) must fit in vLLM's share of the HBM, with room left for its KV cache."""
+def parameters_of(maxtext: MaxText, args: dict[str, str]) -> int | None:
+    """The parameters of a job's model: its MaxText model config, with the job's own dimensions
+    (override_model_config); None for an architecture `parameters` does not know."""
     model = dict(maxtext.model_keys(args.get("model_name", "").replace("-Instruct", "")))
     for key in ("base_emb_dim", "base_mlp_dim", "base_num_decoder_layers", "base_num_kv_heads",
                 "base_num_query_heads", "head_dim", "vocab_size"):  # fmt: skip
-        if args.get(key, "").isdigit():  # the job's own dimensions (override_model_config)
+        if args.get(key, "").isdigit():
             model[key] = int(args[key])
-    count = parameters(model)
+    return parameters(model)
+
+
+def fit_problem(accelerator: Accelerator, maxtext: MaxText, module: str, args: dict[str, str]) -> str:
+    """Why an RL run of this model cannot fit these chips' HBM ("" when it can, or the numbers are not known):
+    six copies of the weights (COPIES) must fit in vLLM's share of the HBM, with room left for its KV cache."""
+    count = parameters_of(maxtext, args)
     dtype = args.get("weight_dtype") or maxtext.value(args, module, "weight_dtype") or RL_DEFAULTS["weight_dtype"]
     share = args.get("hbm_utilization_vllm") or RL_DEFAULTS["hbm_utilization_vllm"]
     try:

@@ -5,8 +5,9 @@ is done and whose time split is known (results/timing.py), of the same shape (ac
 whether checkpoints go to a bucket). Its stages are taken as they took, a shared job done already (convert)
 as nothing on that VM and as long as it took on a new one, and train scaled by what changed: the steps, the
 completions a step (batch_size x rl.num_generations x new tokens) and the evals (how many, and their
-problems x passes x new tokens). Without such a run, the few published or measured figures below, each with
-its source, much wider; a stage no figure covers is said to be unknown and left out of the total, never guessed.
+problems x passes x new tokens). Without such a run, every stage has a bound from public figures and the chips'
+own limits (results/rates.py), each with its source, much wider; train's follows the work asked for. The cost is
+the chip-hours at the stack's list price (results/prices.py), and the idle time autostop waits after the run.
 """
 
 from __future__ import annotations
@@ -15,32 +16,20 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 from ..errors import Problem, UserError
+from ..jobs import accelerator as chips_of
+from ..jobs import schema
 from ..jobs.plan import Plan
+from . import prices, rates
 from .runs import RunRecord, all_records
 
 CALIBRATED_SPREAD = 0.25  # +-, on a run of this machine's records
 # rl.yml's own values (MaxText 0.2.3 to 0.2.5) for what a job does not set
 RL_DEFAULTS = {"batch_size": 1, "rl.num_generations": 2, "max_target_length": 1024,
                "max_prefill_predict_length": 256, "num_test_batches": 5, "eval_batch_size": 32,
-               "num_eval_passes": 1, "eval_interval": 10}  # fmt: skip
+               "num_eval_passes": 1, "eval_interval": 10, "checkpoint_period": rates.CHECKPOINT_PERIOD}  # fmt: skip
 MAY_BE_ZERO = ("num_test_batches", "eval_interval")  # no evals; no evals during training
-GUIDE_STEPS, GUIDE_TRAIN_S, GUIDE_CONVERT_S = 50, 600, 300
-UNCALIBRATED = {  # (low, high) seconds and where the figure comes from; other stages are unknown
-    "convert": (GUIDE_CONVERT_S * 0.5, GUIDE_CONVERT_S * 2, "the public guide: about 5 minutes on a v6e-8"),
-    "validate": (20, 120, "25 s on one TPU v5e chip (docs/benchmarks.md): imports and argument checks"),
-}
-# What a chip-hour costs, by provisioning model (vm.price_per_chip_hour sets your own).
-PRICES = {
-    "STANDARD": (
-        2.70,
-        "v6e on demand from $2.70 a chip-hour: Google's Trillium GA announcement, 2024-12-12; by region",
-    ),
-}
-PRICE_UNKNOWN = {
-    "RESERVATION_BOUND": "a reservation's price is yours: set vm.price_per_chip_hour (billed while reserved)",
-    "SPOT": "Spot prices change; set vm.price_per_chip_hour",
-    "FLEX_START": "set vm.price_per_chip_hour (Flex-start is billed as on-demand at a discount)",
-}
+GUIDE_STEPS, GUIDE_TRAIN_S = 50, 600
+VALIDATE = (20, 120, "25 s on one TPU v5e chip (docs/benchmarks.md): imports and argument checks")
 
 
 @dataclass(frozen=True)
@@ -62,6 +51,9 @@ class Estimate:
     price: float | None  # per chip-hour
     price_source: str
     left_out: tuple[str, ...] = ()  # each damaged run record, in one line: not calibrated on
+    price_note: str = ""  # what else the price means (prepaid, Spot, a commitment's price)
+    idle_s: int | None = None  # how long the VM idles after the run before autostop; None: it does not stop
+    idle_why: str = ""
 
     def _span(self, end: str) -> float:
         """The pipeline's time: its longest chain of needs (setup beside prefetch, validate beside convert)."""
@@ -98,13 +90,35 @@ class Estimate:
         if self.unknown:
             total += f", not counting {', '.join(self.unknown)}"
         lines.append(total)
-        cost = (
-            f"  cost           ${low_h * self.price:,.2f}-${high_h * self.price:,.2f} at ${self.price:g} a chip-hour "
-            f"({self.price_source})"
-            if self.price is not None
-            else f"  cost           {self.price_source}"
-        )
-        return [*lines, cost, *(f"  left out of the calibration: {line}" for line in self.left_out)]
+        lines.append(f"  after the run  {self.tail()}")
+        if self.price is None:
+            lines.append(f"  cost           {self.price_source}")
+        else:
+            idle = self.idle_cost() or 0.0
+            lines.append(
+                f"  cost           ${low_h * self.price + idle:,.2f}-${high_h * self.price + idle:,.2f} at "
+                f"{dollars(self.price)} a chip-hour ({self.price_source})"
+                + (", the idle time included" if idle else "")
+            )
+            if self.price_note:
+                lines.append(f"                 {self.price_note}")
+        return [*lines, *(f"  left out of the calibration: {line}" for line in self.left_out)]
+
+    def idle_cost(self) -> float | None:
+        """What the idle time before autostop costs (None: no price, or no autostop)."""
+        if self.price is None or not self.idle_s:
+            return None
+        return self.idle_s / 3600 * self.chips * self.price
+
+    def tail(self) -> str:
+        """What the VM costs once the run has ended: autostop's idle time, or an open end."""
+        hourly = f"${self.chips * self.price:,.2f} an hour" if self.price is not None else "its price by the hour"
+        if not self.idle_s:
+            return f"no autostop ({self.idle_why}): the VM costs {hourly} until you stop it (pulumi destroy)"
+        idle = self.idle_cost()
+        cost = f", ${idle:,.2f}" if idle is not None else ""
+        hours = self.idle_s / 3600 * self.chips
+        return f"{duration(self.idle_s)} idle, then autostop ({self.idle_why}): {hours:.2f} chip-hours{cost}"
 
     def to_dict(self) -> dict:
         low_h, high_h = self.chip_hours()
@@ -119,8 +133,16 @@ class Estimate:
             "price_per_chip_hour": self.price,
             "price_source": self.price_source,
             "cost": [round(low_h * self.price, 2), round(high_h * self.price, 2)] if self.price is not None else None,
+            "price_note": self.price_note,
+            "idle_s": self.idle_s,
+            "idle_cost": None if (idle := self.idle_cost()) is None else round(idle, 2),
             "left_out": list(self.left_out),
         }
+
+
+def dollars(amount: float) -> str:
+    """$2.70, $0.544: cents, or a tenth of one where a list price has it."""
+    return f"${amount:,.2f}" if round(amount, 2) == amount else f"${amount:,.3f}"
 
 
 def duration(seconds: float) -> str:
@@ -166,6 +188,18 @@ def work(argv: list[str]) -> dict[str, float]:
         "eval": max(0.0, value["num_test_batches"]) * value["eval_batch_size"] * value["num_eval_passes"] * new_tokens,
         "eval_interval": value["eval_interval"],
         "num_test_batches": value["num_test_batches"],
+        **{
+            key: value[key]
+            for key in (
+                "batch_size",
+                "rl.num_generations",
+                "max_target_length",
+                "eval_batch_size",
+                "num_eval_passes",
+                "checkpoint_period",
+            )
+        },  # fmt: skip
+        "new_tokens": new_tokens,
     }
 
 
@@ -178,12 +212,10 @@ def evals_of(steps: int, units: dict[str, float]) -> int:
     return (steps // interval if interval > 0 else 0) + 1
 
 
-def price_of(plan: Plan, provisioning: str | None) -> tuple[float | None, str]:
-    if plan.spec.vm.price_per_chip_hour is not None:
-        return plan.spec.vm.price_per_chip_hour, "vm.price_per_chip_hour"
-    if provisioning in PRICES:
-        return PRICES[provisioning]
-    return None, PRICE_UNKNOWN.get(provisioning or "", "no price: pass --stack STACK or set vm.price_per_chip_hour")
+def chip_name(plan: Plan) -> str | None:
+    """v6e, v5e: the chips' generation as price lists name it (None: a CPU, or a chip no figure covers)."""
+    found = rates.CHIPS.get(plan.accelerator.device_kind) if plan.accelerator else None
+    return found.name if found else None
 
 
 def shape(plan: Plan) -> dict:
@@ -221,7 +253,15 @@ def calibration(plan: Plan, damaged: list[str] | None = None) -> RunRecord | Non
     return fits[-1] if fits else None
 
 
-def estimate(plan: Plan, provisioning: str | None = None) -> Estimate:
+def estimate(
+    plan: Plan,
+    provisioning: str | None = None,
+    zone: str | None = None,
+    idle: tuple[int | None, str] = (None, "off"),
+    only: set[str] | None = None,
+) -> Estimate:
+    """The run's estimate: `provisioning` and `zone` the stack's (None: no stack read), `idle` how long autostop
+    waits after the run and why (before.autostop_of); `only` the jobs that will run (all, and the copies)."""
     for job in plan.jobs:
         if job.name == "train" and job.rendered is not None:
             work(job.rendered.argv[3:])  # a size that is no positive number is refused, calibrated or not
@@ -230,12 +270,16 @@ def estimate(plan: Plan, provisioning: str | None = None) -> Estimate:
     stages = [
         replace(_calibrated(plan, job, record) if record else _uncalibrated(plan, job), needs=tuple(job.needs))
         for job in plan.jobs
+        if only is None or job.name in only
     ]
-    if plan.spec.results.hub_repo or plan.spec.results.gcs:
-        stages.append(replace(_copies(record), needs=("export",)))
-    price, source = price_of(plan, provisioning)
+    if only is None and (plan.spec.results.hub_repo or plan.spec.results.gcs):
+        stages.append(replace(_copies(plan, record), needs=("export",)))
+    price = prices.price(chip_name(plan), provisioning, zone, plan.spec.vm.price_per_chip_hour)
     chips = max(1, plan.accelerator.chips)
-    return Estimate(tuple(stages), record.name if record else "", chips, price, source, tuple(damaged))
+    name = record.name if record else ""
+    return Estimate(
+        tuple(stages), name, chips, price.per_chip_hour, price.source, tuple(damaged), price.note, idle[0], idle[1]
+    )
 
 
 def _duration(record: RunRecord, name: str) -> float | None:
@@ -268,17 +312,23 @@ def _train(job, record: RunRecord) -> Stage:
     took = _duration(record, "train")
     fixed = took - was["steps"] * was["step_s"] - was["evals"] * was["eval_s"] if took is not None else -1.0
     fixed = fixed if fixed >= 0 else was["startup_s"]  # a start time a re-attached runner rewrote: the log's own
+    # its start-up held the eval before training at its size: this run's instead (a probe's was one batch)
+    before = was["eval_s"] if then["num_test_batches"] > 0 else 0.0
+    fixed = max(0.0, fixed - before) + (eval_s if now["num_test_batches"] > 0 else 0.0)
     seconds = fixed + steps * step_s + evals_of(steps, now) * eval_s
     why = f"run {record.name}'s start-up {fixed:.0f} s, {steps} steps x {step_s:.2f} s, "
     why += f"{evals_of(steps, now)} evals x {eval_s:.0f} s"
     return Stage("train", seconds * (1 - CALIBRATED_SPREAD), seconds * (1 + CALIBRATED_SPREAD), why)
 
 
-def _copies(record: RunRecord | None) -> Stage:
-    """The durable copies (results.hub_repo, results.gcs): as long as the last run's took, else unknown."""
+def _copies(plan: Plan, record: RunRecord | None) -> Stage:
+    """The durable copies (results.hub_repo, results.gcs): as long as the last run's took, else their bounds."""
     took = [_duration(record, name) for name in (record.jobs if record else {}) if name.startswith("publish-")]
     if not took or None in took:
-        return Stage("copies", None, None, "no measurement yet: a first run of this stack measures it")
+        asked = [name for name, kept in (("publish-hub", plan.spec.results.hub_repo), ("publish-gcs",
+                 plan.spec.results.gcs)) if kept]  # fmt: skip
+        bounds = [rates.stage(name, _parameters(plan)) for name in asked]
+        return Stage("copies", sum(b[0] for b in bounds), sum(b[1] for b in bounds), "; ".join(b[2] for b in bounds))
     seconds = sum(took)
     return Stage(
         "copies", seconds * (1 - CALIBRATED_SPREAD), seconds * (1 + CALIBRATED_SPREAD), f"as in run {record.name}"
@@ -286,15 +336,54 @@ def _copies(record: RunRecord | None) -> Stage:
 
 
 def _uncalibrated(plan: Plan, job) -> Stage:
-    if job.name in UNCALIBRATED:
-        low, high, source = UNCALIBRATED[job.name]
-        return Stage(job.name, low, high, source)
+    if job.name == "validate":
+        return Stage(job.name, *VALIDATE)
+    if job.name in ("setup", "prefetch", "convert", "export"):
+        return Stage(job.name, *rates.stage(job.name, _parameters(plan)))
     if job.name == "train" and job.lr_schedule:
         steps = job.lr_schedule.train_steps
+        if found := _from_work(plan, job, steps):
+            return Stage("train", *found)
         seconds = GUIDE_TRAIN_S * steps / GUIDE_STEPS
         source = f"the public guide: about 10 minutes for {GUIDE_STEPS} steps, scaled to {steps} steps"
         return Stage("train", seconds * 0.5, seconds * 3, source)
     return Stage(job.name, None, None, "no measurement yet: a first run of this stack measures it")
+
+
+def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str] | None:
+    """Train from the work its arguments ask for, at published rates (results/rates.py); None where a figure is
+    missing (a CPU, a chip or a model they do not cover)."""
+    sizes = work(job.rendered.argv[3:])
+    asked = rates.TrainWork(
+        steps=steps,
+        completions=sizes["batch_size"] * sizes["rl.num_generations"],
+        new_tokens=sizes["new_tokens"],
+        sequence=sizes["max_target_length"],
+        eval_batches=max(0.0, sizes["num_test_batches"]),
+        eval_completions=sizes["eval_batch_size"] * sizes["num_eval_passes"],
+        evals=evals_of(steps, sizes) + (1 if sizes["num_test_batches"] > 0 else 0),  # and the one before training
+        saves=max(1, steps // max(1, int(sizes["checkpoint_period"]))),
+    )
+    return rates.train(asked, plan.accelerator.device_kind, plan.accelerator.chips, _parameters(plan))
+
+
+def _parameters(plan: Plan) -> int | None:
+    """The model's parameters, from train's arguments and MaxText's model config (None: not known)."""
+    train = next((job.rendered for job in plan.jobs if job.name == "train" and job.rendered), None)
+    if train is None or not plan.maxtext_version:
+        return None
+    args = dict(a.partition("=")[::2] for a in train.argv[3:])
+    return chips_of.parameters_of(schema.load(plan.maxtext_version), args)
+
+
+PROBE_PREFIX = "probe-"  # a probe's run name: never the run later commands carry on (tasks/sessions.py)
+
+
+def probe_overrides(steps: int) -> list[str]:
+    """What turns a run into its probe (`fab train --probe N`): N steps, one eval batch before and after them."""
+    if steps < 2:
+        raise UserError(f"--probe {steps}: at least 2 steps (a step's time is measured between two)")
+    return [f"vars.num_batches={steps}", "train.num_test_batches=1"]
 
 
 def took(record: RunRecord) -> float | None:

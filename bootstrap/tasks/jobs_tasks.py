@@ -48,7 +48,7 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     whose = (
         f"{user}, -H's" if user else f"{DEFAULT_USER}, tpu-rl:sshUser's default (--stack STACK or -H USER@HOST: theirs)"
     )
-    machine_type = provisioning = None
+    machine_type = provisioning = zone = None
     if stack:
         from ..gke.stack import read, slice_of  # the Pulumi SDK takes a tenth of a second to import: only here
 
@@ -70,13 +70,16 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
             return
         if not user:
             user, whose = settings.ssh_user, f"{settings.ssh_user}, Pulumi.{stack}.yaml's tpu-rl:sshUser"
-        machine_type, provisioning = settings.machine_type, settings.provisioning_model
+        machine_type, provisioning, zone = settings.machine_type, settings.provisioning_model, settings.zone
     durable = durable_overrides(pipeline.spec, None, offline=True)
     built = build(files, [*durable, *(arg or [])], name or PLACEHOLDER_RUN, user, machine_type)
     record = runs.RunRecord.load(name) if name else None
     from ..results.estimate import estimate
 
-    expected = estimate(built, provisioning)
+    kept = bool(built.spec.results.hub_repo or built.spec.results.gcs)
+    unknown = before.GIVEN_HOST if isinstance(c, Connection) else "no stack read: pass --stack STACK"
+    idle = before.autostop_of(built.spec.vm.autostop, provisioning, kept, unknown)
+    expected = estimate(built, provisioning, zone, idle)
     present = set(secrets.here(pipeline.spec.results.notify))
     notes = before.notes(built, whose, provisioning, present, given_host=isinstance(c, Connection))
     print(

@@ -12,6 +12,7 @@ from datetime import datetime
 from fabric import task
 
 from ..errors import UserError
+from ..paths import jobs_dir
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
@@ -64,12 +65,48 @@ def setup(c, arg=None):
         "new_run": "start a new run with a fresh name instead of continuing the current one",
         "detach": DETACH_HELP,
         "recover": "if the stack's VM is gone or stopped, recreate it first (your `pulumi up`), then carry on",
+        "probe": "first measure: convert if needed, N train steps and one eval batch, then the whole run's estimate",
     },
 )
 @reports_errors
-def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False):
+def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=0):
     """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
+    if probe:
+        _probe(c, arg or [], int(probe))
+        return
     _run(c, arg, run_name, "train", None, new_run, detach, recover)
+
+
+def _probe(c, arg: list[str], steps: int) -> None:
+    """`fab train --probe N`: a run of its own (never the one later commands carry on) with N steps and one eval
+    batch, its own cost said first; then the whole run's estimate, calibrated on the rates it measured."""
+    from ..results import estimate, runs
+
+    probe = estimate.probe_overrides(steps)
+    session = open_session(c, [*arg, *probe], f"{estimate.PROBE_PREFIX}{runs.new_run_name()}", reads_states=True)
+    from ..jobs import load
+    from ..jobs.plan import build
+    from ..results.publish import durable_jobs, durable_overrides
+    from ..vm import pipeline
+    from ..vm.machine import Vm
+
+    if not isinstance(session.vm, Vm):
+        raise UserError("--probe drives the vm backend's VM; on gke, a short run (--arg vars.num_batches=N) measures")
+    stack, plan = session.stack or {}, session.plan
+    where = (stack.get("provisioning_model"), stack.get("zone"))
+    jobs = [plan.job(name) for name in plan.names if name != "export"]  # what the rates need; no export, no copies
+    own = estimate.estimate(plan, *where, pipeline.autostop(session, jobs), {job.name for job in jobs})
+    console.print(f"the probe ({' '.join(probe)}; no export), before it starts:", markup=False, highlight=False)
+    for line in own.lines()[1:]:
+        console.print(line, markup=False, highlight=False)
+    pipeline.run(session, jobs, "train", False, prepare)
+    files = load.read(jobs_dir())
+    durable = durable_overrides(plan.spec, session.stack)
+    whole = build(files, [*durable, *arg], "the-run", session.vm.conn.user, stack.get("machine_type"))
+    idle = pipeline.autostop(session, [*whole.jobs, *durable_jobs(whole, session.stack)])
+    console.print("the whole run (fab train with the same --args), estimated from the probe:")
+    for line in estimate.estimate(whole, *where, idle).lines():
+        console.print(line, markup=False, highlight=False)
 
 
 @task(iterable=["arg"], help=RUN_OPTIONS)

@@ -211,7 +211,9 @@ def _against_estimate(row: dict) -> str:
         ]
     )
     if expected := row["estimate"]:
-        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])})"
+        middle = (expected["low_s"] + expected["high_s"]) / 2
+        error = f"; error {row['took_s'] / middle - 1:+.0%}" if row["took_s"] and middle else ""  # of its middle
+        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])}{error})"
     return cell or "-"
 
 

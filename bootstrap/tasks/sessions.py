@@ -17,6 +17,7 @@ from ..paths import jobs_dir
 from ..remote import gcs
 from ..remote.jobrunner import JobState, Layout
 from ..results import runs
+from ..results.estimate import PROBE_PREFIX
 from ..results.publish import durable_jobs, durable_overrides
 from ..session import Session, TokenCheck
 from ..vm import connect
@@ -94,7 +95,10 @@ def open_session(
     expected_plan = build(files, [*durable, *overrides], expected, *chosen) if expected else None  # the plan if chosen
     ahead = _read_ahead(expected_plan, outputs, runs_jobs) if expected_plan else ()
     current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
-    if current is None and not target and not (run_name or new_run) and (laptop := runs.current_run()):
+    laptop = runs.current_run()
+    if laptop and laptop.startswith(PROBE_PREFIX):  # a probe measured rates; the run itself is another
+        laptop = None
+    if current is None and not target and not (run_name or new_run) and laptop:
         # A VM with no run of its own (a new one, or a -H host recreated): the run this machine last handed to that
         # same VM carries on where its durable state is kept, rather than a new run from step 0 beside it.
         if recover:
@@ -152,6 +156,6 @@ def choose_run(current: str | None, source: str, requested: str | None, new: boo
     """The run to work on and why: asked for, the current one (kept at `source`), or a new one."""
     if requested:
         return requested, "given with --run-name"
-    if not new and current:
+    if not new and current and not current.startswith(PROBE_PREFIX):  # a probe's is never carried on
         return check_run_name(current, source), "the current run"
     return runs.new_run_name(), "a new run"

@@ -206,8 +206,11 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         session.record.machine = vm.identity  # a recreated VM of this identity carries the run on (tasks/common.py)
         settings = list(session.overrides)
         if session.record.estimate is None or session.record.settings != settings:  # what it was estimated to take
-            provisioning = (session.stack or {}).get("provisioning_model")
-            session.record.estimate = estimate.estimate(session.plan, provisioning).to_dict()
+            stack = session.stack or {}
+            expected = estimate.estimate(
+                session.plan, stack.get("provisioning_model"), stack.get("zone"), autostop(session, jobs)
+            )
+            session.record.estimate = expected.to_dict()
         session.record.settings, session.record.chips = settings, session.plan.accelerator.chips
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
