@@ -64,7 +64,8 @@ def main() -> None:
     print(f"{'stage':<10} {'estimated (s)':>16} {'took (s)':>9} {'error':>7}   {'uncalibrated (s)':>18} {'error':>7}")
     for stage, before in zip(expected["stages"], uncalibrated["stages"], strict=True):
         job = record.jobs.get(stage["name"]) or {}
-        if not job.get("finished") or not job.get("ran", True):
+        if not job.get("finished") or not job.get("ran", True):  # done already: what the estimate said of it
+            print(f"{stage['name']:<10} {stage['low_s']:>7.0f}-{stage['high_s']:<8.0f} not run: {stage['source']}")
             continue
         actual = job["finished"] - job["started"]
         print(f"{stage['name']:<10} {_row(stage, actual)}   {_row(before, actual, 18)}")

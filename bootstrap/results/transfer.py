@@ -39,7 +39,7 @@ def download(source: Source, directory: str, local: Path, on_file: OnFile, requi
     if not files and required:
         raise UserError(f"{source.name}: nothing to download in {directory}")
     for path, size in sorted(files.items()):
-        target = _inside(local, path, f"{source.name}:{directory}")
+        target = inside(local, path, f"{source.name}:{directory}")
         if not (target.exists() and target.stat().st_size == size):
             _fetch(source, f"{directory}/{path}", target)
             on_file(path, size)
@@ -72,7 +72,7 @@ def download_verified(
             f"{local} holds another export (its {manifest.NAME} differs from {where}); "
             "download into an empty folder, or remove that one first"
         )
-    targets = {name: _inside(local, name, where) for name in digests}
+    targets = {name: inside(local, name, where) for name in digests}
     local.mkdir(parents=True, exist_ok=True)
     kept.write_text(text)  # first: a download stopped half way still says whose files these are
     sizes = {}
@@ -96,7 +96,7 @@ def _fetch(source: Source, path: str, target: Path) -> None:
     partial.replace(target)
 
 
-def _inside(local: Path, name: str, source: str) -> Path:
+def inside(local: Path, name: str, source: str) -> Path:
     """Where a file named by the source lands here; refuse a name that would land outside `local`."""
     try:
         manifest.check_name(name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,6 +76,48 @@ def write_metrics(session: Session) -> None:
         console.print(f"warning: {warning}", markup=False, highlight=False)
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")
+
+
+@task(
+    iterable=["arg"],
+    help={
+        "arg": ARG_HELP,
+        "run_name": RUN_HELP,
+        "port": "the port on 127.0.0.1 (default: a free one)",
+        "every": "seconds between copies of the run's new events (default 30)",
+    },
+)
+@reports_errors
+def tensorboard(c, arg=None, run_name=None, port=0, every=30):
+    """TensorBoard here over every run's events, the run's copied from the VM as train writes them; Ctrl-C ends it."""
+    session = open_session(c, arg or [], run_name, runs_jobs=False)
+    from ..paths import runs_dir
+    from ..results import board
+
+    train = next((job for job in session.plan.rendered if job.progress), None)
+    if train is None:
+        raise UserError("the pipeline has no job with progress.tensorboard_dir: nothing to read")
+    source, local = train.progress["tensorboard_dir"], session.record.folder / "tensorboard"
+
+    def copy() -> None:
+        try:
+            board.sync(session.vm, session.vm.readable(source), local)
+        except UserError as err:  # a VM that stopped or went: what was copied is still served
+            console.print(f"not copied this time ({secrets.redact(str(err))}); serving what is here", highlight=False)
+
+    copy()
+    served = board.TensorBoard(runs_dir(), int(port))
+    console.print(f"TensorBoard at {served.url} over every run in {runs_dir()}", highlight=False)
+    console.print(f"copying {session.vm.where(source)} every {every} s; Ctrl-C ends it", highlight=False)
+    try:
+        while served.process.poll() is None:
+            time.sleep(float(every))
+            copy()
+        raise UserError(f"TensorBoard stopped (exit {served.process.returncode})")
+    except KeyboardInterrupt:
+        console.print("\nTensorBoard stopped")
+    finally:
+        served.stop()
 
 
 @task(iterable=["arg"], help={"dest": "local folder (default runs/<run>/model)", "arg": ARG_HELP, "run_name": RUN_HELP})

@@ -472,14 +472,20 @@ class Vm:
         """Copy a folder that grows in place (TensorBoard events); one in the bucket is first copied onto the
         VM, which reads the bucket with its service account. The VM does not autostop meanwhile."""
         with self.in_use():
-            if not gcs.is_gcs(directory):
-                self.trusted(directory)
-                return transfer.download(self, directory, local, on_file, required)
-            staging = self.layout.from_bucket(directory)
-            self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
-            if not self.list_files(staging) and required:
+            readable = self.readable(directory)
+            if readable != directory and not self.list_files(readable) and required:
                 raise UserError(f"nothing to download in {directory}")
-            return transfer.download(self, staging, local, on_file, required)
+            return transfer.download(self, readable, local, on_file, required)
+
+    def readable(self, directory: str) -> str:
+        """Where fab reads `directory` on the VM: the folder itself once checked to be the SSH user's alone, or a
+        bucket's folder copied onto the VM first (the VM reads the bucket with its service account)."""
+        if not gcs.is_gcs(directory):
+            self.trusted(directory)
+            return directory
+        staging = self.layout.from_bucket(directory)
+        self.check(self.runner("copy-down", directory, staging), f"copying {directory} onto the VM")
+        return staging
 
     def download_verified(
         self, directory: str, local: Path, on_file: transfer.OnFile = lambda p, s: None, made_by: str | None = None

@@ -16,8 +16,12 @@ import dataclasses
 import json
 import os
 import re
+import select
 import shutil
+import signal
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -160,6 +164,59 @@ def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, me
     folder = cpu_fab.tmp / "runs" / run["run"]
     assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert (folder / "evals.csv").read_text().count("\n") == 4  # header, before, step 2, after
+
+
+def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu_fab: Fab, run: dict, metrics):
+    """A real TensorBoard over the run's real events, copied over the SSH connection: its HTTP API gives the reward
+    series fab metrics wrote; a run whose events arrive while it serves appears; Ctrl-C ends both cleanly."""
+    process = cpu_fab.start("tensorboard", *run["args"], "--every", "1")
+    try:
+        url = _said(process, re.compile(r"TensorBoard at (http://127\.0\.0\.1:\d+/)"))
+        tags = _until(lambda: json.loads(_get(url + "data/plugin/scalars/tags")), lambda found: found)
+        served = next(name for name in tags if name.startswith(run["run"]))
+        series = json.loads(_get(f"{url}data/plugin/scalars/scalars?run={served}&tag=rewards/train/score/mean"))
+        rewards = sorted(round(float(row["rewards/train/score/mean"]), 5) for row in metrics)
+        assert sorted(round(value, 5) for _, _, value in series) == rewards  # fab metrics' numbers, all of them
+        second = cpu_fab.tmp / "runs" / "a-second-run" / "tensorboard"
+        shutil.copytree(cpu_fab.tmp / "runs" / run["run"] / "tensorboard", second)
+        _until(
+            lambda: json.loads(_get(url + "data/runs")), lambda runs: any(r.startswith("a-second-run") for r in runs)
+        )
+    finally:
+        process.send_signal(signal.SIGINT)
+        out = process.communicate(timeout=60)[0]
+        shutil.rmtree(cpu_fab.tmp / "runs" / "a-second-run", ignore_errors=True)
+    assert process.returncode == 0 and "TensorBoard stopped" in out, out[-2000:]
+
+
+def _said(process: subprocess.Popen, pattern: re.Pattern, seconds: float = 180) -> str:
+    """The first group of the first line of `process`'s output that matches, within `seconds`."""
+    deadline, seen = time.monotonic() + seconds, []
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 1)
+        line = process.stdout.readline() if ready else ""
+        seen.append(line)
+        if found := pattern.search(line):
+            return found[1]
+        if process.poll() is not None and not line:
+            break
+    raise AssertionError(f"not said: {pattern.pattern}\n{''.join(seen)[-3000:]}")
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return answer.read().decode()
+
+
+def _until(read, done, seconds: float = 120):
+    """`read()` again until `done` holds of it, within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        found = read()
+        if done(found):
+            return found
+        assert time.monotonic() < deadline, f"still {found!r}"
+        time.sleep(0.5)
 
 
 def test_grpo_had_a_learning_signal(cpu_fab: Fab, run: dict, metrics: list[dict]):

@@ -9,7 +9,7 @@ import pytest
 
 from bootstrap.errors import UserError
 from bootstrap.remote import manifest
-from bootstrap.results.transfer import _inside
+from bootstrap.results.transfer import inside
 
 
 def test_written_manifest_is_checked_by_sha256sum(tmp_path):
@@ -71,5 +71,5 @@ def test_a_link_out_of_dest_is_refused(tmp_path):
     dest.mkdir()
     (dest / "out").symlink_to(tmp_path)
     with pytest.raises(UserError, match="would land outside"):
-        _inside(dest, "out/escaped", "vm:/export/SHA256SUMS")
-    assert _inside(dest, "sub/ok", "vm") == Path(dest / "sub" / "ok")
+        inside(dest, "out/escaped", "vm:/export/SHA256SUMS")
+    assert inside(dest, "sub/ok", "vm") == Path(dest / "sub" / "ok")
