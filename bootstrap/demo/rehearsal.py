@@ -15,9 +15,11 @@ from pathlib import Path
 
 import yaml
 
+from ..errors import UserError
 from . import MAKE_LEARNABLE_INPUTS, cpu
 
 ROOT_ENV = "TPU_RL_DEMO"  # where the demo's folder is (default ~/.cache/tpu-rl/demo)
+MARKER = ".tpu-rl-demo"  # in a folder the demo made: the only kind it writes into or removes
 # What this machine offers the jobs, as a VM's environment would: no TPU (JAX on the CPU), no Hub.
 MACHINE_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 STEPS = 8
@@ -77,8 +79,20 @@ class Folder:
         return self.root / "startup.done"  # this machine has no startup script to wait for
 
 
+def claim(folder: Folder) -> None:
+    """Make the folder the demo's, or refuse one that holds anything the demo did not make (TPU_RL_DEMO=. would
+    otherwise replace this repository's jobs/)."""
+    root = folder.root
+    if root.exists() and any(root.iterdir()) and not (root / MARKER).exists():
+        raise UserError(f"{root} is not a demo folder (no {MARKER} in it): left as it is; set {ROOT_ENV} to another")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).write_text("made by fab demo: fab demo --clean removes this folder\n")
+
+
 def write_jobs(source: Path, folder: Folder) -> list[str]:
-    """Copy the user's jobs into the demo's folder with what a CPU needs changed; what changed, one line each."""
+    """Copy the user's jobs into the demo's folder (claimed) with what a CPU needs changed; what changed, one line
+    each."""
+    claim(folder)
     if folder.jobs.exists():
         shutil.rmtree(folder.jobs)
     shutil.copytree(source, folder.jobs, ignore=shutil.ignore_patterns("*~", ".*"))

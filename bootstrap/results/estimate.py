@@ -267,8 +267,9 @@ def estimate(
             work(job.rendered.argv[3:])  # a size that is no positive number is refused, calibrated or not
     damaged: list[str] = []
     record = calibration(plan, damaged)
+    shared = _shared_runs(record) if record else {}
     stages = [
-        replace(_calibrated(plan, job, record) if record else _uncalibrated(plan, job), needs=tuple(job.needs))
+        replace(_calibrated(plan, job, record, shared) if record else _uncalibrated(plan, job), needs=tuple(job.needs))
         for job in plan.jobs
         if only is None or job.name in only
     ]
@@ -287,8 +288,21 @@ def _duration(record: RunRecord, name: str) -> float | None:
     return job["finished"] - job["started"] if job.get("started") and job.get("finished") else None
 
 
-def _calibrated(plan: Plan, job, record: RunRecord) -> Stage:
-    if job.shared and (record.jobs.get(job.name) or {}).get("job_dir") == job.job_dir:
+def _shared_runs(record: RunRecord) -> dict[str, RunRecord]:
+    """The record of the last run that ran each shared job on the calibration run's VM, by job folder: a job done
+    already when that run came (setup built by `fab setup`) is in an earlier run's record."""
+    found: dict[str, RunRecord] = {}
+    for earlier in all_records([]):
+        if earlier.machine == record.machine or earlier.name == record.name:
+            for job in earlier.jobs.values():
+                if job.get("state") == "done" and job.get("ran", True) and job.get("job_dir"):
+                    found[job["job_dir"]] = earlier
+    return found
+
+
+def _calibrated(plan: Plan, job, record: RunRecord, shared: dict[str, RunRecord]) -> Stage:
+    if job.shared and ((record.jobs.get(job.name) or {}).get("job_dir") == job.job_dir or job.job_dir in shared):
+        record = shared.get(job.job_dir, record)
         took = _duration(record, job.name)
         why = f"done already on run {record.name}'s VM (shared by runs); "
         why += f"{duration(took)} on a new VM" if took is not None else "unknown on a new VM"

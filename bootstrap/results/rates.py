@@ -55,8 +55,8 @@ def stage(name: str, parameters: int | None) -> tuple[float, float, str]:
     bounds = {
         "setup": (300, 1800, "a bound: maxtext[tpu-post-train] and vLLM, tpu-inference and tunix from GitHub pins"),
         "prefetch": (5 + gb * GB / 500e6, 30 + gb * GB / 100e6, f"{size} from the Hub at 100-500 MB/s (a bound)"),
-        "convert": (20 + 150 * share, 60 + 600 * share, "the public guide: about 5 minutes for the 8B, by size"),
-        "export": (30 + 120 * share, 120 + 480 * share, f"a bound: to_huggingface, then {size} written and hashed"),
+        "convert": (10 + 150 * share, 60 + 600 * share, "the public guide: about 5 minutes for the 8B, by size"),
+        "export": (10 + 140 * share, 120 + 480 * share, f"a bound: to_huggingface, then {size} written and hashed"),
         "publish-hub": (5 + gb * GB / 200e6, 30 + gb * GB / 50e6, f"{size} to the Hub at 50-200 MB/s (a bound)"),
         "publish-gcs": (2 + gb * GB / 1e9, 10 + gb * GB / 200e6, f"{size} to the bucket at 0.2-1 GB/s (a bound)"),
     }

@@ -43,7 +43,6 @@ def demo(c, control=False, run_name=None, clean=False):
     console.print(
         f"fab demo: your pipeline on this machine's CPU (no VM, no SSH, no token); everything in {folder.root}"
     )
-    folder.root.mkdir(parents=True, exist_ok=True)
     changes = rehearsal.write_jobs(jobs_dir(), folder)
     console.print(f"the jobs are yours ({jobs_dir()}), with what a CPU needs changed:")
     for change in changes:
@@ -89,8 +88,8 @@ def _clean(folder) -> None:
     if not folder.root.exists():
         console.print(f"{folder.root}: nothing to remove")
         return
-    if not (folder.root / "jobs" / "pipeline.yaml").exists():
-        raise UserError(f"{folder.root} is not a demo folder (no jobs/pipeline.yaml in it): left as it is")
+    if not (folder.root / rehearsal.MARKER).exists():
+        raise UserError(f"{folder.root} is not a demo folder (no {rehearsal.MARKER} in it): left as it is")
     stopped = rehearsal.stop(folder)
     shutil.rmtree(folder.root)
     console.print(f"removed {folder.root}{f' (stopped {stopped} processes)' if stopped else ''}")

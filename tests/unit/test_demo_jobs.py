@@ -63,3 +63,17 @@ def test_off_linux_the_demo_says_so_in_one_line_before_anything(folder, monkeypa
     with pytest.raises(Exit, match="need Linux \\(this is darwin\\)"):
         demo_tasks.demo(Context())
     assert not folder.root.exists()
+
+
+def test_the_demo_never_writes_into_a_folder_it_did_not_make(tmp_path, monkeypatch):
+    """TPU_RL_DEMO=. in a clone: the demo would have replaced the clone's own jobs/ with its copy."""
+    clone = tmp_path / "clone"
+    shutil.copytree(REPO / "jobs", clone / "jobs")
+    before = {p.name: p.read_bytes() for p in (clone / "jobs").iterdir()}
+    monkeypatch.setenv(rehearsal.ROOT_ENV, str(clone))
+    with pytest.raises(Exit, match="is not a demo folder"):
+        demo_tasks.demo(Context())
+    assert {p.name: p.read_bytes() for p in (clone / "jobs").iterdir()} == before
+    with pytest.raises(Exit, match="is not a demo folder"):
+        demo_tasks.demo(Context(), clean=True)
+    assert (clone / "jobs" / "pipeline.yaml").exists()

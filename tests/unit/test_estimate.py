@@ -395,3 +395,14 @@ def test_a_cost_that_comes_back_every_few_steps_is_in_the_step_rate():
     split = timing.from_log("\n".join(lines))
     inner = [17.0 if n % 5 == 4 else 0.4 for n in range(3, 20)]  # the gaps to steps 3..19
     assert split["step_s"] == pytest.approx(sum(inner) / len(inner), abs=1e-3)
+
+
+def test_a_shared_job_an_earlier_run_made_is_done_already_not_the_first_builds_bound(runs):
+    """`fab setup`, then a probe: setup is in the setup run's record, not the probe's; it costs the next run nothing."""
+    plan = plan_for("vars.num_batches=4")
+    earlier_run(plan, setup=40.0)  # r1: every job ran, setup included
+    probe = RunRecord.load("r1")
+    probe.name, probe.jobs = "probe-r", {k: v for k, v in probe.jobs.items() if k != "setup"}
+    probe.save()
+    found = stage(estimate.estimate(plan_for("vars.num_batches=10")), "setup")
+    assert (found.low_s, found.high_s) == (0.0, pytest.approx(40.0 * 1.25)) and "done already on run r1" in found.source
