@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
+from ..paths import REPO
 from . import MAKE_LEARNABLE_INPUTS, cpu
 
 ROOT_ENV = "TPU_RL_DEMO"  # where the demo's folder is (default ~/.cache/tpu-rl/demo)
@@ -52,7 +53,7 @@ class Folder:
 
     @classmethod
     def default(cls) -> Folder:
-        return cls(Path(os.environ.get(ROOT_ENV) or Path.home() / ".cache" / "tpu-rl" / "demo").absolute())
+        return cls(Path(os.environ.get(ROOT_ENV) or Path.home() / ".cache" / "tpu-rl" / "demo").expanduser().absolute())
 
     @property
     def jobs(self) -> Path:
@@ -83,6 +84,8 @@ def claim(folder: Folder) -> None:
     """Make the folder the demo's, or refuse one that holds anything the demo did not make (TPU_RL_DEMO=. would
     otherwise replace this repository's jobs/)."""
     root = folder.root
+    if root.resolve().is_relative_to(REPO.resolve()) or REPO.resolve().is_relative_to(root.resolve()):
+        raise UserError(f"{root} is not a demo folder: it is in this repository or holds it; set {ROOT_ENV} elsewhere")
     if root.exists() and any(root.iterdir()) and not (root / MARKER).exists():
         raise UserError(f"{root} is not a demo folder (no {MARKER} in it): left as it is; set {ROOT_ENV} to another")
     root.mkdir(parents=True, exist_ok=True)
@@ -92,6 +95,8 @@ def claim(folder: Folder) -> None:
 def write_jobs(source: Path, folder: Folder) -> list[str]:
     """Copy the user's jobs into the demo's folder (claimed) with what a CPU needs changed; what changed, one line
     each."""
+    if folder.root.resolve().is_relative_to(source.resolve()):
+        raise UserError(f"{folder.root} is inside the jobs folder {source}: set {ROOT_ENV} elsewhere")
     claim(folder)
     if folder.jobs.exists():
         shutil.rmtree(folder.jobs)
@@ -124,7 +129,8 @@ def _pipeline(data: dict, folder: Folder) -> None:
     if "prefetch" not in (data.get("jobs") or []):  # the tiny inputs are made by the demo's prefetch
         data["jobs"] = ["prefetch", *(data.get("jobs") or [])]
     data["environment"] = cpu.environment(folder.venv)
-    data.setdefault("vars", {})["work_dir"] = f"{folder.root}/work/${{model_name}}"
+    work = f"{folder.root}/work/${{model_name}}"  # everything the jobs make, in the demo's folder: never a bucket
+    data.setdefault("vars", {}).update(work_dir=work, durable_dir=work, export_dir=f"{work}/hf-trained/${{run_name}}")
     data.setdefault("vm", {}).update(
         state_dir=str(folder.state),
         startup_marker=str(folder.startup_marker),

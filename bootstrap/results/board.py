@@ -31,7 +31,7 @@ def sync(source: Source, directory: str, local: Path) -> int:
         if size == have:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        with tempfile.TemporaryDirectory() as tmp:  # outside the served folder: TensorBoard never sees it
             fetched = Path(tmp) / target.name
             source.fetch(f"{directory}/{path}", fetched)
             data = fetched.read_bytes()

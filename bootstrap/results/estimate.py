@@ -327,7 +327,7 @@ def _train(job, record: RunRecord) -> Stage:
     fixed = took - was["steps"] * was["step_s"] - was["evals"] * was["eval_s"] if took is not None else -1.0
     fixed = fixed if fixed >= 0 else was["startup_s"]  # a start time a re-attached runner rewrote: the log's own
     # its start-up held the eval before training at its size: this run's instead (a probe's was one batch)
-    before = was["eval_s"] if then["num_test_batches"] > 0 else 0.0
+    before = was["eval_s"] if then.get("num_test_batches", 1) > 0 else 0.0
     fixed = max(0.0, fixed - before) + (eval_s if now["num_test_batches"] > 0 else 0.0)
     seconds = fixed + steps * step_s + evals_of(steps, now) * eval_s
     why = f"run {record.name}'s start-up {fixed:.0f} s, {steps} steps x {step_s:.2f} s, "
@@ -390,14 +390,11 @@ def _parameters(plan: Plan) -> int | None:
     return chips_of.parameters_of(schema.load(plan.maxtext_version), args)
 
 
-PROBE_PREFIX = "probe-"  # a probe's run name: never the run later commands carry on (tasks/sessions.py)
-
-
 def probe_overrides(steps: int) -> list[str]:
     """What turns a run into its probe (`fab train --probe N`): N steps, one eval batch before and after them."""
     if steps < 2:
         raise UserError(f"--probe {steps}: at least 2 steps (a step's time is measured between two)")
-    return [f"vars.num_batches={steps}", "train.num_test_batches=1"]
+    return [f"vars.num_batches={steps}", "train.num_test_batches=1", f"train.checkpoint_period={steps}"]
 
 
 def took(record: RunRecord) -> float | None:

@@ -81,7 +81,7 @@ def train(work: TrainWork, chip_kind: str, chips: int, parameters: int | None) -
     """Train's seconds (low, high) and how they were reached; None where a figure is missing (a chip or a model
     these figures do not cover)."""
     chip = CHIPS.get(chip_kind)
-    if chip is None or parameters is None or chips < 1:
+    if chip is None or not parameters or parameters < 0 or chips < 1:
         return None
     weights = parameters * 2  # served in bf16
     hbm = chip.hbm_tb_s * 1e12 * chips

@@ -17,6 +17,7 @@ from ..errors import UserError
 from ..paths import runs_dir
 
 CURRENT = "current"
+PROBE_PREFIX = "probe-"  # `fab train --probe`'s runs: never the run later commands carry on
 _UMASK = os.umask(0o22)  # read once, at import (setting it is process-wide), and put back at once
 os.umask(_UMASK)
 
@@ -102,7 +103,8 @@ class RunRecord:
             self.settings = self.settings if self.settings is not None else disk.settings
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
-            _replace(runs_dir() / CURRENT, self.name + "\n")
+            if not self.name.startswith(PROBE_PREFIX):  # a probe measures; the run carried on stays the current
+                _replace(runs_dir() / CURRENT, self.name + "\n")
 
 
 def _replace(path: Path, text: str) -> None:

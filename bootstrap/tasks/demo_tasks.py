@@ -53,6 +53,9 @@ def demo(c, control=False, run_name=None, clean=False):
     args = rehearsal.overrides(folder, rehearsal.CONTROL_LEARNING_RATE if control else rehearsal.LEARNING_RATE)
     session = open_session(c, args, name, here=rehearsal.MACHINE_ENV, reads_states=True)
     session.command = ("fab", "demo", *(["--control"] if control else []))
+    outside = [word for job in session.plan.rendered for word in [*job.argv, *job.env.values()] if "gs://" in word]
+    if outside:  # a path the jobs' own files set beside the demo's folder: nothing leaves this machine
+        raise UserError(f"the demo's jobs would use a bucket ({outside[0][:200]}): set that path with a ${{work_dir}}")
     _drive(session)
     _judge(session)
     from .results_tasks import show_runs, write_metrics

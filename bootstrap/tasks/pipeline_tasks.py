@@ -72,18 +72,22 @@ def setup(c, arg=None):
 def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=0):
     """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
     if probe:
-        _probe(c, arg or [], int(probe))
+        _probe(c, arg or [], int(probe), run_name)
         return
     _run(c, arg, run_name, "train", None, new_run, detach, recover)
 
 
-def _probe(c, arg: list[str], steps: int) -> None:
+def _probe(c, arg: list[str], steps: int, run_name: str | None) -> None:
     """`fab train --probe N`: a run of its own (never the one later commands carry on) with N steps and one eval
     batch, its own cost said first; then the whole run's estimate, calibrated on the rates it measured."""
     from ..results import estimate, runs
 
     probe = estimate.probe_overrides(steps)
-    session = open_session(c, [*arg, *probe], f"{estimate.PROBE_PREFIX}{runs.new_run_name()}", reads_states=True)
+    name = run_name or f"{runs.PROBE_PREFIX}{runs.new_run_name()}"
+    if not name.startswith(runs.PROBE_PREFIX):
+        raise UserError(f"--probe with --run-name {name}: a probe's run is named {runs.PROBE_PREFIX}..., never a run's")
+    session = open_session(c, [*arg, *probe], name, reads_states=True)
+    session.command = ("fab", "train", "--probe", str(steps), *(w for a in arg for w in ("--arg", a)))
     from ..jobs import load
     from ..jobs.plan import build
     from ..results.publish import durable_jobs, durable_overrides

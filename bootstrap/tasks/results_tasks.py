@@ -90,9 +90,17 @@ def write_metrics(session: Session) -> None:
 @reports_errors
 def tensorboard(c, arg=None, run_name=None, port=0, every=30):
     """TensorBoard here over every run's events, the run's copied from the VM as train writes them; Ctrl-C ends it."""
+    if not float(every) > 0 or not 0 <= int(port) < 65536:
+        raise UserError(f"--every {every} --port {port}: --every takes seconds above 0, --port 0 (a free one) to 65535")
     session = open_session(c, arg or [], run_name, runs_jobs=False)
     from ..paths import runs_dir
     from ..results import board
+    from ..vm.machine import Vm
+
+    if not isinstance(session.vm, Vm):
+        raise UserError(
+            "fab tensorboard reads the vm backend's VM; on gke, fab metrics copies the events from the bucket"
+        )
 
     train = next((job for job in session.plan.rendered if job.progress), None)
     if train is None:
@@ -255,7 +263,8 @@ def _against_estimate(row: dict) -> str:
     )
     if expected := row["estimate"]:
         middle = (expected["low_s"] + expected["high_s"]) / 2
-        error = f"; error {row['took_s'] / middle - 1:+.0%}" if row["took_s"] and middle else ""  # of its middle
+        done = row["state"] == "done" and row["took_s"] and middle  # a failed or resumed run's span is no measure
+        error = f"; error {row['took_s'] / middle - 1:+.0%}" if done else ""  # of the estimate's middle
         cell += f"\n(est. {span(expected['low_s'], expected['high_s'])}{error})"
     return cell or "-"
 

@@ -17,8 +17,8 @@ from ..paths import jobs_dir
 from ..remote import gcs
 from ..remote.jobrunner import JobState, Layout
 from ..results import runs
-from ..results.estimate import PROBE_PREFIX
 from ..results.publish import durable_jobs, durable_overrides
+from ..results.runs import PROBE_PREFIX
 from ..session import Session, TokenCheck
 from ..vm import connect
 from ..vm.dial import Dial

@@ -35,13 +35,18 @@ NETWORK_ENV = (
     "no_proxy",
 )
 INSTALLERS = ("UV_", "PIP_")
+CREDENTIALS = ("TOKEN", "PASSWORD", "USERNAME", "SECRET", "KEY", "PUBLISH", "AUTH")  # an installer's: never passed
 
 
 def session_env(extra: dict[str, str]) -> dict[str, str]:
     """A command's environment: the session's plain variables, the network's and installers' settings, fab's own
     bin folder (uv) on PATH, and `extra`."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
-    passed = {k: v for k, v in os.environ.items() if k in PASSED or k in NETWORK_ENV or k.startswith(INSTALLERS)}
+    installer = lambda k: k.startswith(INSTALLERS) and not any(word in k for word in CREDENTIALS)  # noqa: E731
+    passed = {
+        k: v for k, v in os.environ.items()
+        if k in PASSED or k in NETWORK_ENV or installer(k) and "@" not in v  # an index URL with user:token@ too
+    }  # fmt: skip
     return {**passed, "PATH": path, **extra}
 
 

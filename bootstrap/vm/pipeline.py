@@ -207,8 +207,10 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         settings = list(session.overrides)
         if session.record.estimate is None or session.record.settings != settings:  # what it was estimated to take
             stack = session.stack or {}
+            names = {job.name for job in jobs}  # a probe, fab convert: the jobs that run, not the whole plan
+            only = None if set(session.plan.names) <= names else names
             expected = estimate.estimate(
-                session.plan, stack.get("provisioning_model"), stack.get("zone"), autostop(session, jobs)
+                session.plan, stack.get("provisioning_model"), stack.get("zone"), autostop(session, jobs), only
             )
             session.record.estimate = expected.to_dict()
         session.record.settings, session.record.chips = settings, session.plan.accelerator.chips

@@ -381,8 +381,10 @@ def test_a_probe_needs_two_steps_and_its_run_is_never_carried_on():
 def test_fab_runs_says_how_far_each_estimate_was_off():
     from bootstrap.tasks.results_tasks import _against_estimate
 
-    row = {"took_s": 150.0, "chip_hours": 0.33, "estimate": {"low_s": 60, "high_s": 140}}
+    row = {"took_s": 150.0, "chip_hours": 0.33, "estimate": {"low_s": 60, "high_s": 140}, "state": "done"}
     assert _against_estimate(row) == "2.5 min\n0.33 chip-h\n(est. 1.0-2.3 min; error +50%)"
+    failed = {**row, "state": "failed"}  # its span is no measure of the estimate
+    assert _against_estimate(failed) == "2.5 min\n0.33 chip-h\n(est. 1.0-2.3 min)"
 
 
 def test_a_cost_that_comes_back_every_few_steps_is_in_the_step_rate():
