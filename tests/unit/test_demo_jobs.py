@@ -77,3 +77,17 @@ def test_the_demo_never_writes_into_a_folder_it_did_not_make(tmp_path, monkeypat
     with pytest.raises(Exit, match="is not a demo folder"):
         demo_tasks.demo(Context(), clean=True)
     assert (clone / "jobs" / "pipeline.yaml").exists()
+
+
+def test_a_bucket_in_the_users_jobs_is_never_what_the_demo_writes_to(folder, tmp_path):
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    pipeline = yaml.safe_load((jobs / "pipeline.yaml").read_text())
+    pipeline["vars"]["durable_dir"] = "gs://my-bucket/ckpt"  # the user's own bucket, for their real runs
+    (jobs / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
+    rehearsal.write_jobs(jobs, folder)
+    plan = build(load.read(folder.jobs), rehearsal.overrides(folder), "demo-grpo-x")
+    words = [w for job in plan.rendered for w in [*job.argv, *job.env.values(), *job.outputs]]
+    assert not [w for w in words if "gs://" in w]
+    train = plan.job("train").rendered
+    assert train.env["TPU_RL_CHECKPOINT_DIR"].startswith(f"{folder.root}/work/")  # the checkpoints: the demo's own

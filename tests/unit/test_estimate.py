@@ -368,11 +368,15 @@ def test_a_probes_one_batch_evals_scale_to_the_whole_runs_the_one_before_trainin
     assert middle(whole) == pytest.approx((68 - 10 + 420) + 10 * 3 + 6 * 420)  # 42 batches: 420 s an eval
 
 
-def test_a_probe_needs_two_steps_and_its_run_is_never_carried_on():
+def test_a_probe_needs_two_steps_and_its_run_is_never_carried_on(runs):
+    from bootstrap.results import runs as records
     from bootstrap.tasks.sessions import choose_run
 
     with pytest.raises(UserError, match="--probe 1: at least 2 steps"):
         estimate.probe_overrides(1)
+    RunRecord("2026-12-04-09-00-00").save()
+    RunRecord("probe-2026-12-04-10-00-00").save()
+    assert records.current_run() == "2026-12-04-09-00-00"  # the run carried on is still the run, not its probe
     name, why = choose_run("probe-2026-12-04-10-00-00", "vm:tpu-rl/current-run", None, False)
     assert not name.startswith("probe-") and why == "a new run"
     assert choose_run("2026-12-04-10-00-00", "vm:tpu-rl/current-run", None, False)[1] == "the current run"

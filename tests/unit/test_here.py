@@ -21,6 +21,9 @@ TOKEN = "hf_" + "x" * 34  # shaped like a Hugging Face token
 def vm(tmp_path, monkeypatch) -> Vm:
     monkeypatch.setenv("HF_TOKEN", TOKEN)  # in fab's own environment: never in a command's
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # the machine's network settings: passed
+    monkeypatch.setenv("UV_INDEX_URL", "https://pypi.example/simple")  # an installer's setting: passed
+    monkeypatch.setenv("UV_PUBLISH_TOKEN", "pypi-secret")  # an installer's credentials: never
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://me:tok-secret@pypi.example/simple")
     return Vm(Here({"JAX_PLATFORMS": "cpu"}), Layout(str(tmp_path / "state")))
 
 
@@ -38,7 +41,8 @@ def test_the_tools_install_and_answer_as_on_a_vm(vm, tmp_path):
 def test_commands_see_a_sessions_environment_not_fabs_secrets(vm):
     code, out, _ = vm.execute("env")
     seen = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    assert code == 0 and TOKEN not in out and "HF_TOKEN" not in seen
+    assert code == 0 and TOKEN not in out and "HF_TOKEN" not in seen and "secret" not in out
+    assert seen["UV_INDEX_URL"] == "https://pypi.example/simple"
     assert seen["JAX_PLATFORMS"] == "cpu" and seen["HTTPS_PROXY"] == "http://proxy.example:3128"
     assert Path(vm.execute("pwd")[1].strip()) == Path.home()  # as SSH starts in the home folder
 
