@@ -241,10 +241,8 @@ def _usable(timing: dict | None) -> bool:
     return bool(timing and timing.get("work"))
 
 
-def calibration(plan: Plan, damaged: list[str] | None = None) -> RunRecord | None:
-    """The last run of this machine's records whose train is done with a usable time split, of this shape; a
-    damaged record is left out, its line added to `damaged`."""
-    records = all_records([] if damaged is None else damaged)
+def calibration(plan: Plan, records: list[RunRecord]) -> RunRecord | None:
+    """The last run of this machine's `records` whose train is done with a usable time split, of this shape."""
     wanted = shape(plan)
     fits = [
         r for r in records
@@ -266,8 +264,9 @@ def estimate(
         if job.name == "train" and job.rendered is not None:
             work(job.rendered.argv[3:])  # a size that is no positive number is refused, calibrated or not
     damaged: list[str] = []
-    record = calibration(plan, damaged)
-    shared = _shared_runs(record) if record else {}
+    records = all_records(damaged)  # a damaged one is left out, its line in `damaged`
+    record = calibration(plan, records)
+    shared = _shared_runs(record, records) if record else {}
     stages = [
         replace(_calibrated(plan, job, record, shared) if record else _uncalibrated(plan, job), needs=tuple(job.needs))
         for job in plan.jobs
@@ -288,11 +287,11 @@ def _duration(record: RunRecord, name: str) -> float | None:
     return job["finished"] - job["started"] if job.get("started") and job.get("finished") else None
 
 
-def _shared_runs(record: RunRecord) -> dict[str, RunRecord]:
+def _shared_runs(record: RunRecord, records: list[RunRecord]) -> dict[str, RunRecord]:
     """The record of the last run that ran each shared job on the calibration run's VM, by job folder: a job done
     already when that run came (setup built by `fab setup`) is in an earlier run's record."""
     found: dict[str, RunRecord] = {}
-    for earlier in all_records([]):
+    for earlier in records:
         if earlier.machine == record.machine or earlier.name == record.name:
             for job in earlier.jobs.values():
                 if job.get("state") == "done" and job.get("ran", True) and job.get("job_dir"):

@@ -18,6 +18,7 @@ from ..remote.driver import Action, PipelineState
 from ..results import estimate, timing
 from ..results.runs import minutes
 from ..session import Session
+from .here import Here
 from .machine import JobStatus
 from .progress import Board, JobProgress, eval_table, result_lines
 
@@ -126,8 +127,9 @@ class Watcher:
         if failed:
             name, status = failed[0]
             self._show_log(name, status)
-            # fab demo's own command line carries its run on; its logs are files of this machine
-            full_log = status.log if session.command else session.hint("logs", "--job", name)
+            # a probe's or fab demo's own command line carries its run on; fab demo's logs are files of this machine
+            here = isinstance(getattr(session.vm, "conn", None), Here)
+            full_log = status.log if here else session.hint("logs", "--job", name)
             again = session.hint() if session.command else "fab train"
             raise UserError(
                 f"{name} {status.state.value} on {session.vm.name}: {status.error or 'see the log'}. "

@@ -169,6 +169,8 @@ def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, me
 def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu_fab: Fab, run: dict, metrics):
     """A real TensorBoard over the run's real events, copied over the SSH connection: its HTTP API gives the reward
     series fab metrics wrote; a run whose events arrive while it serves appears; Ctrl-C ends both cleanly."""
+    copied = cpu_fab.tmp / "runs" / run["run"] / "tensorboard"
+    shutil.rmtree(copied)  # fab metrics' copy: what TensorBoard serves must be fab tensorboard's own
     process = cpu_fab.start("tensorboard", *run["args"], "--every", "1")
     try:
         url = _said(process, re.compile(r"TensorBoard at (http://127\.0\.0\.1:\d+/)"))
@@ -178,7 +180,7 @@ def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu
         rewards = sorted(round(float(row["rewards/train/score/mean"]), 5) for row in metrics)
         assert sorted(round(value, 5) for _, _, value in series) == rewards  # fab metrics' numbers, all of them
         second = cpu_fab.tmp / "runs" / "a-second-run" / "tensorboard"
-        shutil.copytree(cpu_fab.tmp / "runs" / run["run"] / "tensorboard", second)
+        shutil.copytree(copied, second)
         _until(
             lambda: json.loads(_get(url + "data/runs")), lambda runs: any(r.startswith("a-second-run") for r in runs)
         )
