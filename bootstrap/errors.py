@@ -35,5 +35,11 @@ class UserError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
+class VmUnavailable(UserError):
+    """The VM cannot serve the run now: the connection broke, the VM is gone or stopped (preempted, deleted,
+    autostopped), or it could not be made again yet (Spot capacity short). `fab train --watch` recovers from
+    these; every other command says it, with the fix."""
+
+
 class StoppedWatching(Exception):
     """Ctrl-C while fab watched a pipeline: only the watching stopped (fab exits 130, saying how to watch again)."""

@@ -13,7 +13,12 @@ from pathlib import Path
 from .errors import Problem, UserError
 from .remote import jobrunner
 
-KNOWN = {"HF_TOKEN": "the Hugging Face token (export HF_TOKEN=... or run `hf auth login`)"}
+KNOWN = {
+    "HF_TOKEN": "the Hugging Face token (export HF_TOKEN=... or run `hf auth login`)",
+    "WANDB_API_KEY": "your W&B API key (export WANDB_API_KEY=...; without it, results.wandb logs offline on the VM)",
+}
+# An MLflow server's credentials (results.mlflow): fab logs to it from this machine, so these never leave it.
+MLFLOW_CREDENTIALS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
 REDACTED = jobrunner.REDACTED.decode()
 # The variables huggingface_hub finds the token by (its constants and get_token), but for those that make it take
 # the token from elsewhere first (login_token_path).
@@ -40,7 +45,7 @@ def lookup(name: str) -> str | None:
             raise UserError(
                 f"the Hugging Face token `hf auth login` stored cannot be read ({err}); set HF_TOKEN"
             ) from None
-    return None
+    return os.environ.get(name, "").strip() or None
 
 
 def login_token_path() -> str | None:
@@ -105,11 +110,11 @@ _HANDLED: set[str] = set()  # every secret value this process has read (here): r
 
 
 def here(notify: list[str]) -> dict[str, str]:
-    """Every secret value set on this machine, by name: the token and the webhook URLs of results.notify
-    (`notify`: its entries). Each is then hidden by `redact`, wherever this process quotes it."""
+    """Every secret value set on this machine, by name: the token, the W&B key, MLflow's credentials and the
+    webhook URLs of results.notify (`notify`: its entries). Each is then hidden by `redact`, wherever this process quotes it."""
     found = {}
-    for name in [*KNOWN, *(entry.split(":", 1)[0] for entry in notify)]:
-        if value := lookup(name) if name in KNOWN else os.environ.get(name, "").strip():
+    for name in [*KNOWN, *MLFLOW_CREDENTIALS, *(entry.split(":", 1)[0] for entry in notify)]:
+        if value := lookup(name):
             found[name] = value
     _HANDLED.update(found.values())
     return found
@@ -117,7 +122,13 @@ def here(notify: list[str]) -> dict[str, str]:
 
 def describe(name: str) -> str:
     """What a secret is, for a message: the token's description, else a webhook URL's."""
-    return KNOWN[name].split(" (")[0] if name in KNOWN else f"{name}, a webhook URL of results.notify"
+    if name in KNOWN:
+        return KNOWN[name].split(" (")[0]
+    return (
+        f"{name}, a credential of results.mlflow"
+        if name in MLFLOW_CREDENTIALS
+        else f"{name}, a webhook URL of results.notify"
+    )
 
 
 def redact(text: str) -> str:

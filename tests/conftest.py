@@ -1,4 +1,4 @@
-"""Fixtures every tier may use: the Cloud Storage emulator and the Compute Engine API stand-in."""
+"""Fixtures every tier may use: the Cloud Storage emulator, the Compute Engine API stand-in, an MLflow server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests import computestub, gcsemulator, gcslayer
+from tests import computestub, gcsemulator, gcslayer, mlflowserver
 
 RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
 
@@ -46,3 +46,10 @@ def compute():
     state, server = computestub.serve()
     yield state
     server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server's URL (tests/mlflowserver.py)."""
+    with mlflowserver.server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url

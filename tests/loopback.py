@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -223,6 +223,7 @@ class Fab(Runs):
     token: str
     jobs: Path
     hub: hubstub.Hub
+    secrets: dict[str, str] = field(default_factory=dict)  # more secrets in fab's environment (a W&B key)
 
     def __post_init__(self) -> None:
         """fab's home: a known_hosts that knows the loopback host, as after `fab trust-host`."""
@@ -242,6 +243,7 @@ class Fab(Runs):
             "HF_TOKEN": self.token,
             "HF_ENDPOINT": self.hub.url,
             "COLUMNS": "200",
+            **self.secrets,
         }
 
     def command(self, *args: str) -> list[str]:

@@ -3,7 +3,8 @@ sshd; and the VM lost (`lose`, `wipe`), as a new VM finds things.
 
 The stand-in `pulumi` prints the stack's outputs (`stack output --json`) and, for `up`,
 records its arguments, then "recreates" the VM: the outputs become the next ones
-(`after_up`) and the Compute Engine stand-in learns the new instance.
+(`after_up`) and the Compute Engine stand-in learns the new instance; before any `after_up`, it fails as
+Compute Engine does when Spot capacity is short.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +32,8 @@ if sys.argv[1:3] == ["stack", "output"]:
 elif sys.argv[1:2] == ["up"]:
     with open(here / "up-calls.jsonl", "a") as calls:
         calls.write(json.dumps(sys.argv[1:]) + "\\n")
+    if not (here / "after-up.json").exists():  # as Compute Engine answers when no Spot VM is to be had
+        sys.exit("error: ZONE_RESOURCE_POOL_EXHAUSTED: not enough resources available to fulfill the request")
     after = json.loads((here / "after-up.json").read_text())
     (here / "outputs.json").write_text(json.dumps(after["outputs"]))
     body = json.dumps(after["instance"]).encode()
@@ -125,3 +129,12 @@ def wipe(fab: Fab) -> None:
     for folder in ("state", "shm", "venv", "hf_home"):
         shutil.rmtree(fab.tmp / folder, ignore_errors=True)
     write_hub_cache(fab.tmp / "hf_home")  # what the Hub serves a new VM's prefetch (offline here)
+
+
+def drop_connections(fab: Fab) -> None:
+    """Every SSH connection to the loopback "VM" breaks at once, as a deleted VM's do: its sshd's children die."""
+    listener = (fab.host.key.parent / "sshd.pid").read_text().strip()
+    children = subprocess.run(["pgrep", "-P", listener], capture_output=True, text=True).stdout.split()
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)

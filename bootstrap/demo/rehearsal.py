@@ -112,7 +112,7 @@ def write_jobs(source: Path, folder: Folder) -> list[str]:
         "instead of the Hub's 16 GB",
         "secrets: none (nothing is read from the Hub)",
         f"vm: this machine's CPU (accelerator cpu, state in {folder.state}, no memory minimums, autostop off)",
-        "results: nothing leaves this machine (no Hub upload, no bucket, no notifications)",
+        "results: nothing leaves this machine (no Hub upload, no bucket, no notifications, no W&B or MLflow)",
         f"train: {STEPS} steps of 2 prompts x 8 completions, float32 weights, greedy eval of 64 problems "
         "before and after (the tiny model's settings: fab runs shows each one)",
     ]
@@ -140,7 +140,7 @@ def _pipeline(data: dict, folder: Folder) -> None:
         shm_path=str(folder.root),
         autostop="off",  # never shut this machine down
     )
-    data["results"] = {**data.get("results", {}), "hub_repo": "", "gcs": "", "notify": []}
+    data["results"] = {**data.get("results", {}), "hub_repo": "", "gcs": "", "notify": [], "wandb": "", "mlflow": ""}
 
 
 def _prefetch(folder: Folder) -> dict:

@@ -29,7 +29,7 @@ SECRET = "tpu-rl-hf-token"
 TOOLS_CONFIG_MAP = "tpu-rl-tools"
 # train's launcher, export's follow-up steps and the Hub upload, mounted from TOOLS_CONFIG_MAP
 # and the pipeline's driver in the cluster (gke_driver.py, with the modules it runs on)
-TOOLS = ("maxtext_run.py", "attempts.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py",
+TOOLS = ("maxtext_run.py", "attempts.py", "wandb_run.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py",
          "gke_driver.py", "driver.py", "folders.py", "notify.py", "inventory.py", "jobrunner.py", "jobset_state.py", "gcs.py", "retry.py",
          "faults.py")  # fmt: skip
 TOOLS_DIR = "/tpu-rl/tools"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from .. import secrets
+from . import tracking
 from .plan import Plan
 
 # What a guest shutdown saves, by provisioning model (docs/recovery.md: Autostop). Seconds idle, or None: off.
@@ -48,6 +49,11 @@ def notes(plan: Plan, user: str, model: str | None, present: set[str], given_hos
         name = entry.split(":", 1)[0]
         said = "set on this machine" if name in present else f"not set: fab train refuses; export {name}=YOUR_URL"
         lines.append(f"notify:   {name} {said}")
+    if results.wandb:
+        key = "its key set here" if tracking.KEY in present else f"no {tracking.KEY} here: logged offline on the VM"
+        lines.append(f"W&B:      train logs live to project {results.wandb}, run {plan.run_name} ({key})")
+    if results.mlflow:
+        lines.append(f"MLflow:   fab logs the run to {results.mlflow} at its end and with fab metrics")
     kept = [where for where, value in (("the Hub", results.hub_repo), ("the bucket", results.gcs)) if value]
     lines.append(
         f"results:  kept on {' and '.join(kept)}"

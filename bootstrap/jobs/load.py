@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import Problem, UserError, shortened
 from ..remote.jobrunner import Layout
-from . import accelerator, schedule, schema, yamlfile
+from . import accelerator, schedule, schema, tracking, yamlfile
 from .accelerator import Accelerator
 from .spec import JOB_NAME, PATTERN_WORDS, JobSpec, PipelineSpec
 
@@ -332,6 +332,7 @@ def resolve(
             jobs[name] = Job(name, job_spec, doc)
     if spec is None:
         raise UserError(problems)
+    tracking.with_wandb(spec.environment, spec.results)
     maxtext = _maxtext(spec, pipeline_doc, problems)
     chips, why = accelerator.derive(spec.vm.accelerator, spec.vm.chips, spec.vm.chip_kind, machine_type)
     if why:
@@ -457,7 +458,11 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 description=spec.description,
                 module=spec.module,
                 argv=argv,
-                env={**(pipeline.accelerator.env if spec.tpu else {}), **spec.env},
+                env={
+                    **(pipeline.accelerator.env if spec.tpu else {}),
+                    **tracking.trainer_env(pipeline.spec, spec.module, pipeline.values["run_name"]),
+                    **spec.env,
+                },
                 secrets=list(spec.secrets),
                 cwd="~",
                 needs=([SETUP] if spec.module or python in argv else []) + list(spec.needs),  # the venv's users

@@ -19,7 +19,7 @@ from .. import secrets
 from ..errors import UserError
 from ..remote import envcheck, gcs
 from ..remote.jobrunner import Layout
-from . import check, environment, schedule
+from . import check, environment, schedule, tracking
 from .accelerator import Accelerator
 from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, provided_values, render, resolve
 from .spec import PipelineSpec
@@ -263,6 +263,8 @@ def build(
         runner = runner_spec(
             layout, job.name, job.argv, job.outputs, env=job.env, secrets=job.secrets, cwd=job.cwd, after=job.after
         )
+        if optional := tracking.optional_secrets(spec, job.module):
+            runner = MappingProxyType({**runner, "optional_secrets": optional})
         if record:
             runner = MappingProxyType({**runner, "record": record})
         # A MaxText job after another one waits for the check of all of them; the first (convert) does not:

@@ -18,6 +18,8 @@ ACCELERATOR = r"^(auto|host|cpu|v6e-(1|4|8))$"
 AUTOSTOP = r"^(auto|off|[1-9][0-9]{0,3}[smh])$"
 GCS = r"^(|stack|gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\s]*)?)$"
 NOTIFY = r"^[A-Za-z_][A-Za-z0-9_]{0,63}(:(json|slack|discord|ntfy))?$"
+WANDB = r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$"
+MLFLOW = r"^(https?://[^\s/]+(/\S*)?)?$"
 IMAGE = r"^([a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?)?$"
 PATTERN_WORDS = {
     ENV_NAME: "an environment variable's name: letters, digits and _, not starting with a digit",
@@ -31,6 +33,8 @@ PATTERN_WORDS = {
     GCS: "empty (no bucket copy), stack (the Pulumi stack's results bucket) or gs://BUCKET/PREFIX (BUCKET: 3 to 63 "
     "lower-case letters, digits, -, _ and .)",
     NOTIFY: "NAME or NAME:KIND: an environment variable's name, KIND one of json, slack, discord, ntfy",
+    WANDB: "empty (off) or a W&B project's name: letters, digits, ., _ and -",
+    MLFLOW: "empty (off) or an MLflow tracking server's http(s) URL, such as http://127.0.0.1:5000",
     IMAGE: "an image reference such as us-docker.pkg.dev/PROJECT/REPO/NAME:TAG",
 }
 
@@ -182,6 +186,12 @@ class ResultsSpec(Strict):
     # webhook URL (a secret: fab puts it on the VM as it puts the token), NAME or NAME:KIND (json, slack,
     # discord, ntfy; by default told by the URL's host)
     notify: list[Annotated[str, StringConstraints(pattern=NOTIFY)]] = []
+    # Experiment trackers besides TensorBoard (docs/tracking.md): the W&B project train logs to, live, named
+    # after the run (its key: WANDB_API_KEY here, a secret; without it W&B logs offline on the VM); the MLflow
+    # tracking server fab logs the run to (its parameters, scalars, evals and result) at the run's end and with
+    # fab metrics (its credentials: MLFLOW_TRACKING_TOKEN, or _USERNAME and _PASSWORD, here; they never leave it)
+    wandb: str = Field("", pattern=WANDB)
+    mlflow: str = Field("", pattern=MLFLOW)
 
     @field_validator("hub_repo")
     @classmethod

@@ -352,10 +352,14 @@ def held(spec: dict) -> bool:
 
 
 def _secret_env(spec: dict) -> dict:
+    """The job's secrets from the VM's secrets folder: each of `secrets`, and of `optional_secrets` those stored
+    (the W&B key: without it train logs to W&B offline)."""
     env = {}
-    for name in spec.get("secrets", []):
-        with open(os.path.join(os.path.expanduser(spec["secrets_dir"]), name)) as f:
-            env[name] = f.read().strip()
+    for name in [*spec.get("secrets", []), *spec.get("optional_secrets", [])]:
+        path = os.path.join(os.path.expanduser(spec["secrets_dir"]), name)
+        if name in spec.get("secrets", []) or os.path.isfile(path):
+            with open(path) as f:
+                env[name] = f.read().strip()
     return env
 
 

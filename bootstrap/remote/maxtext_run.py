@@ -11,7 +11,7 @@ Successfully!" and never exits, so its job never ends. This closes the pool the 
 that pool built once (steady_grader_pool), and otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
 failure with the pool open, the process ends at once with the module's status. Before the module
 runs, the start is recorded where the job's environment says, and each eval it logs from then on
-(attempts.py). Stdlib only.
+(attempts.py), and with results.wandb its W&B run is named after the run (wandb_run.py). Stdlib only.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ import sys
 import traceback
 
 try:
-    from . import attempts  # on the laptop: bootstrap.remote.attempts
+    from . import attempts, wandb_run  # on the laptop: bootstrap.remote.attempts
 except ImportError:
     import attempts  # on the VM and in a pod: beside this script in the tools folder
+    import wandb_run
 
 GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
 
@@ -74,6 +75,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
     attempts.record_start(dict(os.environ))
     attempts.EvalRecorder.install(dict(os.environ))
+    wandb_run.prepare()
     steady_grader_pool()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -9,10 +9,11 @@ import json
 import sys
 from datetime import datetime
 
-from fabric import task
+from fabric import Connection, task
 
 from ..errors import UserError
 from ..paths import jobs_dir
+from ..vm import recovery
 from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
@@ -46,6 +47,10 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
     if only is None:
         session.record.results.update(report(plan, durable, console.print, session.vm.read_json))
         session.record.save()
+        if plan.spec.results.mlflow:  # the tracker gets the run as fab metrics reads it
+            from .results_tasks import write_metrics
+
+            write_metrics(session)
         console.print(
             f"run {plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
         )
@@ -66,15 +71,40 @@ def setup(c, arg=None):
         "detach": DETACH_HELP,
         "recover": "if the stack's VM is gone or stopped, recreate it first (your `pulumi up`), then carry on",
         "probe": "first measure: convert if needed, N train steps and one eval batch, then the whole run's estimate",
+        "watch": "stay attached; if the VM is lost (a Spot preemption), recreate it and carry the run on by itself",
+        "tries": f"with --watch: the most recoveries before giving up (default {recovery.TRIES})",
     },
 )
 @reports_errors
-def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=0):
+def train(
+    c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=0, watch=False, tries=recovery.TRIES
+):
     """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
+    if watch and (detach or probe):
+        raise UserError("--watch stays attached to the run: leave out --detach and --probe")
     if probe:
         _probe(c, arg or [], int(probe), run_name)
         return
-    _run(c, arg, run_name, "train", None, new_run, detach, recover)
+    if not watch:
+        _run(c, arg, run_name, "train", None, new_run, detach, recover)
+        return
+    if int(tries) < 1:
+        raise UserError(f"--tries {tries}: at least 1 recovery")
+    stack = not isinstance(c, Connection)  # a -H host is its owner's to recreate: only reached again
+
+    def attempt(recovering: bool) -> None:
+        if recovering:
+            _run(c, arg, run_name, "train", None, recover=stack)
+        else:
+            _run(c, arg, run_name, "train", None, new_run, recover=recover)
+
+    from ..jobs import load
+    from ..jobs.plan import check_local
+    from ..results.runs import current_run
+
+    notify_entries = check_local(load.read(jobs_dir()), arg or []).spec.results.notify
+    tell = recovery.teller(notify_entries, console.print)
+    recovery.watch(attempt, int(tries), console.print, lambda text, event: tell(text, {**event, "run": current_run()}))
 
 
 def _probe(c, arg: list[str], steps: int, run_name: str | None) -> None:

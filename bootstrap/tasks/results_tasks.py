@@ -76,6 +76,23 @@ def write_metrics(session: Session) -> None:
         console.print(f"warning: {warning}", markup=False, highlight=False)
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")
+    if uri := session.plan.spec.results.mlflow:
+        _log_to_mlflow(uri, session, train, series, summary)
+
+
+def _log_to_mlflow(uri: str, session: Session, train: load.RenderedJob, series: dict, summary: dict) -> None:
+    """The numbers just written, logged to results.mlflow; a server that fails is said, and fab metrics tries again."""
+    from ..results import mlflow_log
+
+    plan = session.plan
+    params = {"run": plan.run_name, "model": plan.base_model or "", "maxtext": plan.maxtext_version}
+    params |= {f"train.{k}": v for k, _, v in (word.partition("=") for word in train.argv[3:]) if v}
+    try:
+        page = mlflow_log.log_run(uri, plan.run_name, params, series, summary)
+    except mlflow_log.MlflowError as err:
+        console.print(f"MLflow: not logged ({err}); fab metrics logs it again", markup=False, highlight=False)
+        return
+    console.print(f"MLflow: run {plan.run_name} logged, {page}", markup=False, highlight=False)
 
 
 @task(

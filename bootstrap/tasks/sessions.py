@@ -10,7 +10,7 @@ from invoke import Context
 
 from .. import secrets
 from ..errors import UserError
-from ..jobs import check, load
+from ..jobs import check, load, tracking
 from ..jobs.checked import LocalInputs
 from ..jobs.plan import DURABLE_DIR, Plan, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
@@ -65,7 +65,11 @@ def open_session(
     if target and pipeline.spec.results.notify:
         why = "the gke backend tells no receiver yet (its driver runs in the cluster): set notify: [] for a gke stack"
         raise UserError([pipeline.doc.origin("results", "notify").problem("results.notify", why)])
+    if target and pipeline.spec.results.wandb:
+        why = "the gke backend gives train no W&B key yet (its pods get the token alone): set wandb: '' for a gke stack"
+        raise UserError([pipeline.doc.origin("results", "wandb").problem("results.wandb", why)])
     values |= secrets.notify_urls(pipeline.spec.results.notify, str(files.pipeline.path), runs_jobs)
+    values |= tracking.secret_values(pipeline.spec.results)
     expected = None if target or new_run or not reads_states else (run_name or runs.current_run())
     token_check = (
         TokenCheck(values["HF_TOKEN"], check.base_model_of(pipeline), pipeline.spec.results.hub_repo)

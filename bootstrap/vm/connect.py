@@ -21,7 +21,7 @@ from fabric import Connection
 from invoke import Context
 from paramiko.ssh_exception import NoValidConnectionsError
 
-from ..errors import UserError
+from ..errors import UserError, VmUnavailable
 from ..paths import REPO
 from . import compute, hostkeys
 
@@ -112,9 +112,9 @@ def open_connection(conn: Connection, outputs: dict | None = None) -> Connection
         try:
             gone = compute.gone(outputs)
         except UserError as api:  # offline, or no credentials: the SSH failure is still the message
-            raise UserError(f"{failed}; whether the VM still exists is unknown: {api}") from None
-        if gone:
-            raise UserError(str(gone)) from None
+            raise VmUnavailable(f"{failed}; whether the VM still exists is unknown: {api}") from None
+        if gone:  # an instance the stack did not make, or one waiting for capacity, is the user's to decide on
+            raise (UserError if gone.foreign or gone.waiting else VmUnavailable)(str(gone)) from None
         raise
 
 
@@ -141,8 +141,10 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
     command = ["pulumi", "up", "--yes", "--skip-preview", "--refresh", target, outputs["instance_urn"]]
     command += ["--target-dependents"]
     say(f"the stack's VM {gone.name} {gone.why}: recreating it with `{' '.join(command)}`")
-    if subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL).returncode != 0:
-        raise UserError(f"`{' '.join(command)}` failed (its output is above); fix that, then {compute.RECOVER} again")
+    if subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL).returncode != 0:  # Spot capacity short, often
+        raise VmUnavailable(
+            f"`{' '.join(command)}` failed (its output is above); fix that, then {compute.RECOVER} again"
+        )
     hostkeys.Pins().forget(str(outputs.get("instance_id")))
     return stack_outputs()
 

@@ -24,7 +24,7 @@ import paramiko
 from fabric import Connection
 from rich.console import Console
 
-from ..errors import UserError
+from ..errors import UserError, VmUnavailable
 from ..remote import gcs, jobrunner, manifest
 from ..remote.jobrunner import JobState, Layout
 from ..results import transfer
@@ -46,6 +46,7 @@ TOOLS = (
     "envcheck.py",
     "maxtext_run.py",
     "attempts.py",
+    "wandb_run.py",
     "hub_upload.py",
     "gcs_upload.py",
     "export_config.py",
@@ -60,7 +61,7 @@ STARTUP_WAIT_SECONDS = 30 * 60
 STARTUP_UNREAD_SECONDS = 60  # how long the startup script's state may fail to be read before that is the error
 
 
-class ConnectionLost(UserError):
+class ConnectionLost(VmUnavailable):
     """The SSH connection broke in the middle of a command."""
 
 

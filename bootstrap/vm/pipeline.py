@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 
 from .. import secrets
-from ..errors import StoppedWatching, UserError
+from ..errors import StoppedWatching, UserError, VmUnavailable
 from ..jobs import before
 from ..jobs.plan import PlannedJob
 from ..remote import gcs
@@ -273,7 +273,7 @@ def _watch(session: Session, watcher: Watcher, stream, task: str) -> None:
             session.vm.install()  # wakes it
             stream = session.vm.drive(None, on_idle=watcher.tick)
     except ConnectionLost:
-        raise UserError(
+        raise VmUnavailable(
             f"lost the connection to {session.vm.name} while watching. The pipeline goes on on the VM without "
             f"this laptop; watch it again: {session.hint(task)}"
         ) from None

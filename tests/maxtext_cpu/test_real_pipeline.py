@@ -22,20 +22,26 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bootstrap.demo import MAKE_INPUTS, SHIM, cpu
-from bootstrap.jobs import load
+from bootstrap.jobs import load, tracking
 from bootstrap.jobs.plan import build
 from bootstrap.jobs.schedule import Schedule
 from bootstrap.paths import REPO
 from bootstrap.remote import attempts, evals
-from tests.loopback import Fab
+from tests import mlflowserver
+from tests.loopback import Fab, edit_yaml
 from tests.maxtext_cpu.conftest import HERE, Release, overrides, set_up
 
 STEPS = 4
+WANDB_RELEASE = "0.2.5"  # the release whose run logs to W&B (the other's shows W&B off)
+WANDB_PROJECT = "tpu-rl-cpu-tier"
+WANDB_KEY = "wandb-cpu-tier-" + "5" * 26
+UNREACHABLE = "http://127.0.0.1:9"  # W&B's server as the "VM" sees it: nothing listens there
 BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
 
 
@@ -44,17 +50,28 @@ def current_run(fab: Fab) -> str:
 
 
 @pytest.fixture(scope="module")
-def run(cpu_fab: Fab, release: Release) -> dict:
-    """fab setup, the tiny inputs, then one fab train; everything the tests below read."""
+def run(cpu_fab: Fab, release: Release, mlflow_server: str) -> Iterator[dict]:
+    """fab setup, the tiny inputs, then one fab train, tracked by a real MLflow server and, in WANDB_RELEASE's run,
+    by W&B (its key set here, W&B out of reach from the "VM": offline); everything the tests below read."""
     set_up(cpu_fab, release)
     inputs = cpu_fab.tmp / "inputs"
     subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
     args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]
-    train = cpu_fab("train", *args, timeout=1800)
-    assert train.returncode == 0, train.stdout[-5000:] + train.stderr
-    name = current_run(cpu_fab)
-    work = cpu_fab.tmp / "shm" / "llama3.1-8b-Instruct"
-    return {"args": args, "inputs": inputs, "train": train, "run": name, "work": work}
+    wandb = release.version == WANDB_RELEASE
+    trackers = {"mlflow": mlflow_server, "wandb": WANDB_PROJECT if wandb else ""}
+    edit_yaml(cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(trackers))
+    if wandb:
+        cpu_fab.secrets[tracking.KEY] = WANDB_KEY
+        args += ["--arg", f"train.env.WANDB_BASE_URL={UNREACHABLE}"]
+    try:
+        train = cpu_fab("train", *args, timeout=1800)
+        assert train.returncode == 0, train.stdout[-5000:] + train.stderr
+        name = current_run(cpu_fab)
+        work = cpu_fab.tmp / "shm" / "llama3.1-8b-Instruct"
+        yield {"args": args, "inputs": inputs, "train": train, "run": name, "work": work, "wandb": wandb}
+    finally:  # the session's fab, as other modules expect it
+        edit_yaml(cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(mlflow="", wandb=""))
+        cpu_fab.secrets.clear()
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +181,59 @@ def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, me
     folder = cpu_fab.tmp / "runs" / run["run"]
     assert (folder / "metrics.png").read_bytes()[:4] == b"\x89PNG"
     assert (folder / "evals.csv").read_text().count("\n") == 4  # header, before, step 2, after
+
+
+REWARD = "rewards/train/score/mean"
+
+
+def test_wandb_logged_the_runs_reward_series_offline_under_its_name_and_never_saw_its_key(
+    cpu_fab: Fab, run: dict, metrics: list[dict], release: Release
+):
+    """On: W&B's own run file holds the reward series fab metrics shows (tunix logs a rollout's metrics one step
+    early: metrics.py), under the run's name; the key is in no output and no file but the VM's secrets folder.
+    Off (the other release, wandb installed all the same): W&B wrote nothing, its run disabled."""
+    state = cpu_fab.tmp / "state"
+    files = list((state / "runs" / run["run"] / "wandb").rglob("run-*.wandb"))
+    train_log = job_log(cpu_fab, run, "train")
+    if not run["wandb"]:
+        assert not files and not list(state.rglob("*.wandb"))
+        assert "W&B run URL: None" in train_log  # tunix's own line: wandb imported, its run disabled
+        assert not re.search(r"^wandb: .*(Syncing|saved locally|Tracking run)", train_log, re.M), train_log[-3000:]
+        return
+    assert "[tpu-rl] W&B: 127.0.0.1:9 cannot be reached" in train_log and "logging offline in" in train_log
+    (path,) = files
+    read = subprocess.run(
+        [release.venv / "bin" / "python", HERE / "wandb_file.py", path], capture_output=True, text=True, check=True
+    )
+    found = json.loads(read.stdout)
+    assert found["runs"] == [{"id": run["run"], "name": run["run"], "project": WANDB_PROJECT}]
+    logged = {row["_step"] + 1: row[REWARD] for row in found["history"] if REWARD in row}
+    shown = {int(row["step"]): float(row[REWARD]) for row in metrics if row[REWARD]}
+    assert len(shown) == STEPS and logged.keys() == shown.keys()
+    assert all(logged[step] == pytest.approx(shown[step], rel=1e-6) for step in shown), (logged, shown)
+    secret = WANDB_KEY.encode()
+    assert WANDB_KEY not in run["train"].stdout + run["train"].stderr
+    holding = [f for f in cpu_fab.tmp.rglob("*") if f.is_file() and not f.is_symlink() and secret in f.read_bytes()]
+    assert holding == [state / "secrets" / tracking.KEY]
+
+
+def test_mlflow_received_the_run_with_the_numbers_fab_metrics_wrote(cpu_fab: Fab, run: dict, metrics, mlflow_server):
+    """Logged at train's end and again by fab metrics: each step once, every reward, eval and the result as
+    metrics.csv, evals.csv and summary.json hold them, the run's settings, FINISHED."""
+    assert f"MLflow: run {run['run']} logged, {mlflow_server}/#/experiments/" in run["train"].stdout
+    found = mlflowserver.logged(mlflow_server, run["run"])
+    history = found["history"]
+    assert history[REWARD] == {int(row["step"]): float(row[REWARD]) for row in metrics if row[REWARD]}
+    summary = json.loads((cpu_fab.tmp / "runs" / run["run"] / "summary.json").read_text())
+    last = max(history[REWARD])
+    assert history["result/before"] == {last: summary["result"]["before"]}
+    assert history["result/after"] == {last: summary["result"]["after"]}
+    with (cpu_fab.tmp / "runs" / run["run"] / "evals.csv").open() as f:
+        evals_csv = list(csv.DictReader(f))
+    assert sorted(history["eval/accuracy"].values()) == sorted(float(row["accuracy"]) for row in evals_csv)
+    params = {p["key"]: p["value"] for p in found["run"]["data"]["params"]}
+    assert params["train.learning_rate"] == "3e-4" and params["run"] == run["run"]
+    assert found["run"]["info"]["status"] == "FINISHED"
 
 
 def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu_fab: Fab, run: dict, metrics):

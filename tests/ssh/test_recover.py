@@ -19,7 +19,8 @@ import pytest
 from bootstrap.remote import gcs, jobrunner
 from tests import gcsemulator
 from tests.loopback import edit_yaml, wait_for
-from tests.stack import INSTANCE, Stack, closed_port, lose, wipe
+from tests.stack import INSTANCE, Stack, closed_port, drop_connections, lose, wipe
+from tests.webhook import Receiver
 
 SMALL = ("--arg", "vars.num_batches=2")
 
@@ -245,3 +246,49 @@ def test_another_vm_never_carries_on_with_a_run_this_machine_handed_to_a_first_o
     assert second.returncode == 0, second.stderr
     assert "carrying on" not in second.stdout and "(a new run)" in second.stdout
     lose(fab)  # the first VM's pipeline, not this test's to finish
+
+
+def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committed_step_and_none_twice(
+    fab, stack, compute, gcs_emulator, monkeypatch
+):
+    """fab train --watch, attached, and the VM deleted mid-train as a Spot preemption deletes it: its connection cut,
+    its processes gone, nothing of it left. Spot capacity is short at first (the first `pulumi up` fails), then
+    back. fab recreates the VM by itself and the run finishes as it would have: resumed from the last committed
+    checkpoint, no step trained twice, the final step exported. Each recovery is said, and told to the receivers
+    from this machine (the VM that would tell them is gone)."""
+    durable, args = in_a_bucket(gcs_emulator, monkeypatch, seconds=2)
+    receiver = Receiver()
+    monkeypatch.setenv("TPU_RL_TEST_HOOK", receiver.url)
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(notify=["TPU_RL_TEST_HOOK"]))
+    monkeypatch.setenv("TPU_RL_WATCH_WAIT_SECONDS", "1")  # the first wait; doubled after each failed try
+    actor = f"{durable}/post-train/r1/checkpoints/actor"
+    watching = stack.start("train", "--run-name", "r1", "--watch", "--tries", "8", *args)
+    try:
+        wait_for(lambda: 2 in jobrunner.finished_steps(actor), timeout=300, what="train's checkpoint of step 2")
+        stack.unreachable("1001")
+        del compute.instances[INSTANCE]  # preempted: Compute Engine deletes a Spot VM
+        drop_connections(fab)
+        lose(fab)
+        kept = jobrunner.finished_steps(actor)[-1]
+        assert 2 <= kept < 6
+        wipe(fab)
+        wait_for(stack.up_calls, timeout=120, what="fab's first recovery, refused: no Spot capacity")
+        stack.after_up("2002")  # capacity again
+        out, _ = watching.communicate(timeout=600)
+    finally:
+        watching.kill()
+        receiver.close()
+    assert watching.returncode == 0, out[-5000:]
+    said = " ".join(out.split())
+    assert "recovery 1 of 8 in 1 s" in said and "recovery 2 of 8 in 2 s" in said
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED" in out and len(stack.up_calls()) >= 2
+    log = (fab.job_dir("r1", "train") / "log").read_text()
+    assert f"Restored params from step: {kept} in" in log
+    assert re.findall(r"Train step (\d+) training loss", log) == [str(n) for n in range(kept + 1, 7)]  # none twice
+    config = json.loads((fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / "r1" / "config.json").read_text())
+    assert config["exported_from"] == f"{actor}/6/model_params"
+    told = [post["body"] for post in receiver.posts]
+    recovering = [body for body in told if body.get("state") == "recovering"]
+    assert [body["recovery"] for body in recovering][:2] == [1, 2] and all(b["run"] == "r1" for b in recovering)
+    assert any(body.get("state") == "done" for body in told)  # and the new VM told the end, as any VM does
+    assert receiver.secret not in out

@@ -164,6 +164,18 @@ YAML_CASES = [
         put("results.hub_repo", "model"),
     ),
     Case("gcs not gs://", "results.gcs:", "pipeline.yaml", put("results.gcs", "s3://bucket")),
+    Case(
+        "wandb project with a space",
+        "results.wandb: 'my project' is not",
+        "pipeline.yaml",
+        put("results.wandb", "my project"),
+    ),
+    Case(
+        "mlflow not a URL",
+        "results.mlflow: 'localhost:5000' is not",
+        "pipeline.yaml",
+        put("results.mlflow", "localhost:5000"),
+    ),
     Case("gcs empty bucket", "results.gcs:", "pipeline.yaml", put("results.gcs", "gs://")),
     Case("empty state_dir", "vm.state_dir: '' is not a plain folder", "pipeline.yaml", put("vm.state_dir", '""')),
     Case(

@@ -42,10 +42,15 @@ def test_a_users_edit_to_the_jobs_is_what_the_demo_runs(folder, tmp_path):
     train = yaml.safe_load((jobs / "train.yaml").read_text())
     train["args"]["max_num_checkpoints_to_keep"] = 5
     (jobs / "train.yaml").write_text(yaml.safe_dump(train))
+    pipeline = yaml.safe_load((jobs / "pipeline.yaml").read_text())
+    pipeline["results"].update(wandb="my-project", mlflow="http://127.0.0.1:5000")  # trackers: nothing leaves
+    (jobs / "pipeline.yaml").write_text(yaml.safe_dump(pipeline))
     folder.root.mkdir()
     rehearsal.write_jobs(jobs, folder)
     plan = build(load.read(folder.jobs), rehearsal.overrides(folder), "demo-grpo-x")
     assert "max_num_checkpoints_to_keep=5" in plan.job("train").rendered.argv
+    assert not plan.spec.results.wandb and not plan.spec.results.mlflow
+    assert plan.job("train").runner_spec["env"]["WANDB_MODE"] == "disabled"
 
 
 def test_clean_leaves_a_folder_that_is_not_a_demos(folder, monkeypatch):

@@ -127,6 +127,7 @@ def test_train_environment(jobs):
         "TPU_RL_ATTEMPTS_DIR": f"{run_dir}/attempts",
         "TPU_RL_CHECKPOINT_DIR": f"{run_dir}/checkpoints/actor",
         "TPU_RL_EVALS_DIR": f"{run_dir}/evals",  # and each eval, which the publish gate judges the run by
+        "WANDB_MODE": "disabled",  # tunix logs to W&B whenever wandb imports: off unless results.wandb
     }
 
 

@@ -1,0 +1,78 @@
+"""Train's W&B run named after this run, and never a reason for train to stop or hang.
+
+tunix (MaxText's RL trainer) logs every scalar to W&B whenever `wandb` imports: metrax's WandbBackend calls
+wandb.init with the project "tunix" and a timestamp as the run's name, arguments that beat W&B's own environment
+variables. With results.wandb on, fab sets the two variables below and the launcher (maxtext_run.py) calls
+`prepare`: wandb.init then takes this project, this run's name (also its id, so a later start of the same run,
+on this VM or a new one, carries on the same W&B run), and falls back to offline mode, said once, when no key was
+given, W&B cannot be reached, or it refuses the run. Offline runs stay in WANDB_DIR (`wandb sync` sends them).
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Callable, MutableMapping
+from urllib.parse import urlsplit
+
+PROJECT_ENV = "TPU_RL_WANDB_PROJECT"
+RUN_ENV = "TPU_RL_WANDB_RUN"
+DEFAULT_BASE_URL = "https://api.wandb.ai"
+REACH_SECONDS = 10  # a TCP connection to W&B's host: longer, and train's start waits on a network that is not there
+
+
+def _say(line: str) -> None:
+    print(f"[tpu-rl] W&B: {line}", file=sys.stderr, flush=True)
+
+
+def unreachable(base_url: str, timeout: float = REACH_SECONDS) -> str | None:
+    """Why W&B's server at `base_url` cannot be reached from here, or None when a connection opens."""
+    parts = urlsplit(base_url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+    except OSError as err:
+        return f"{parts.hostname}:{port} cannot be reached ({err.strerror or err})"
+    return None
+
+
+def prepare(environ: MutableMapping[str, str] = os.environ, say: Callable[[str], None] = _say) -> bool:
+    """Name train's W&B run after this run and make it fall back to offline mode; False when W&B is off or not
+    installed (tunix then logs nowhere but TensorBoard)."""
+    project, run = environ.get(PROJECT_ENV), environ.get(RUN_ENV)
+    if not project or not run:
+        return False
+    try:
+        import wandb
+    except ImportError:
+        say("the environment has no wandb: this run logs to TensorBoard only")
+        return False
+    folder = f"{environ.get('WANDB_DIR', '.')}/wandb"
+
+    def offline(why: str) -> None:
+        environ["WANDB_MODE"] = "offline"
+        say(f"{why}: logging offline in {folder} (send it later: wandb sync {folder}/offline-run-*)")
+
+    if not environ.get("WANDB_API_KEY"):
+        offline("no WANDB_API_KEY was set where fab ran")
+    elif why := unreachable(environ.get("WANDB_BASE_URL") or DEFAULT_BASE_URL):
+        offline(why)
+    init = wandb.init
+
+    def named_init(*args, **kwargs):
+        kwargs.update(project=project, name=run, id=run, resume="allow")
+        kwargs.pop("anonymous", None)  # tunix's "allow": logged in, or offline, it means nothing
+        try:
+            return init(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001  any refusal: train carries on, its scalars kept here
+            if environ.get("WANDB_MODE") == "offline":
+                raise
+            offline(f"W&B refused the run ({type(err).__name__})")
+            return init(*args, **{**kwargs, "mode": "offline"})
+
+    wandb.init = named_init
+    if environ.get("WANDB_MODE") != "offline":
+        say(f"logging to project {project}, run {run}")
+    return True

@@ -1,0 +1,168 @@
+"""A run logged to an MLflow tracking server (results.mlflow): its parameters, scalars, evals and result.
+
+fab logs from this machine, after `fab metrics` has read the run's numbers, so MLflow holds exactly what
+metrics.csv, evals.csv and summary.json hold, and its credentials never reach the VM. It speaks MLflow's REST API
+(five calls) rather than importing mlflow, a large package for so little. Logging again adds only the steps the
+server lacks: `fab metrics` during the run, then at its end, leaves one series with each step once.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+from .metrics import Series
+
+EXPERIMENT = "tpu-rl"  # unless MLFLOW_EXPERIMENT_NAME says another, as MLflow's own client reads it
+TIMEOUT_SECONDS = 30
+BATCH = 1000  # MLflow's most metrics in one log-batch
+PARAMS_BATCH = 100  # and its most parameters
+PARAM_CHARS = 500  # the longest parameter value every MLflow server keeps
+NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
+
+
+class MlflowError(Exception):
+    """The server could not be reached or refused a call: said in one line, the run's own files unaffected."""
+
+
+class Server:
+    """One MLflow tracking server, with the credentials MLflow's own client reads from the environment."""
+
+    def __init__(self, uri: str, environ: dict[str, str] | None = None):
+        environ = os.environ if environ is None else environ
+        self.uri = uri.rstrip("/")
+        self.headers = {"Content-Type": "application/json"}
+        if token := environ.get("MLFLOW_TRACKING_TOKEN"):
+            self.headers["Authorization"] = f"Bearer {token}"
+        elif (user := environ.get("MLFLOW_TRACKING_USERNAME")) and (
+            password := environ.get("MLFLOW_TRACKING_PASSWORD")
+        ):
+            self.headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.experiment = environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
+
+    def call(self, method: str, path: str, body: dict | None = None, query: str = "") -> dict:
+        request = urllib.request.Request(
+            f"{self.uri}/api/2.0/mlflow/{path}{query}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers=self.headers,
+            method=method,
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            answer = _json(err.read())
+            raise MlflowError(
+                f"{path}: HTTP {err.code} {answer.get('error_code', '')} {answer.get('message', '')[:200]}".rstrip()
+            ) from None
+        except (OSError, ValueError) as err:
+            raise MlflowError(f"{self.uri} cannot be reached ({getattr(err, 'reason', err)})") from None
+
+    def experiment_id(self) -> str:
+        """The experiment's id, created the first time."""
+        try:
+            found = self.call("GET", "experiments/get-by-name", query=f"?experiment_name={_quoted(self.experiment)}")
+            return found["experiment"]["experiment_id"]
+        except MlflowError as err:
+            if NOT_FOUND not in str(err):
+                raise
+        return self.call("POST", "experiments/create", {"name": self.experiment})["experiment_id"]
+
+    def find_run(self, experiment_id: str, name: str) -> dict | None:
+        """The run logged under this run's name before, with its latest metrics; None the first time."""
+        found = self.call(
+            "POST",
+            "runs/search",
+            {"experiment_ids": [experiment_id], "filter": f"tags.mlflow.runName = '{name}'", "max_results": 1},
+        )
+        return (found.get("runs") or [None])[0]
+
+
+def log_run(uri: str, name: str, params: dict[str, str], series: Series, summary: dict) -> str:
+    """Log the run `name` to the server at `uri`: parameters once, then every (metric, step) it lacks; the run
+    FINISHED once every job is done. Returns the run's page; raises MlflowError."""
+    server = Server(uri)
+    experiment_id = server.experiment_id()
+    run = server.find_run(experiment_id, name)
+    if run is None:
+        created = server.call(
+            "POST",
+            "runs/create",
+            {
+                "experiment_id": experiment_id,
+                "run_name": name,
+                "start_time": _now(),
+                "tags": [_tag("tpu-rl.run", name)],
+            },
+        )
+        run_id, latest = created["run"]["info"]["run_id"], {}
+        items = [{"key": _key(k), "value": str(v)[:PARAM_CHARS]} for k, v in params.items()]
+        for start in range(0, len(items), PARAMS_BATCH):
+            server.call("POST", "runs/log-batch", {"run_id": run_id, "params": items[start : start + PARAMS_BATCH]})
+    else:
+        run_id = run["info"]["run_id"]
+        latest = {m["key"]: int(m.get("step", 0)) for m in run.get("data", {}).get("metrics", [])}
+    points = [p for p in metric_points(series, summary) if p["step"] > latest.get(p["key"], -1)]
+    for start in range(0, len(points), BATCH):
+        server.call("POST", "runs/log-batch", {"run_id": run_id, "metrics": points[start : start + BATCH]})
+    if summary.get("result") and (line := summary["result"].get("line")):
+        server.call("POST", "runs/set-tag", {"run_id": run_id, "key": "tpu-rl.result", "value": line[:PARAM_CHARS]})
+    if all(job.get("state") == "done" for job in summary.get("jobs", {}).values()):
+        server.call("POST", "runs/update", {"run_id": run_id, "status": "FINISHED", "end_time": _now()})
+    return f"{server.uri}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def metric_points(series: Series, summary: dict) -> list[dict]:
+    """Every number fab metrics wrote, as MLflow metrics: the training scalars by step (metrics.csv), each eval
+    at its step (evals.csv: before at 0, after at the last step), the result and where train's time went at the
+    last step (summary.json)."""
+    now = _now()
+    last = max((max(values) for values in series.values() if values), default=0)
+    points = [_point(tag, value, step, now) for tag, values in series.items() for step, value in values.items()]
+    for e in summary.get("evals", []):
+        step = {"pre": 0, "post": last}.get(e["phase"], e.get("step") or 0)
+        for field in ("accuracy", "format_accuracy", "partial_accuracy", "mean_reward"):
+            if isinstance(e.get(field), int | float):
+                points.append(_point(f"eval/{field}", e[field], step, now))
+    for prefix, numbers in (("result", summary.get("result") or {}), ("time", summary.get("time_split") or {})):
+        points += [_point(f"{prefix}/{k}", v, last, now) for k, v in _numbers(numbers)]
+    return points
+
+
+def _numbers(found: dict) -> Iterator[tuple[str, float]]:
+    return ((k, float(v)) for k, v in found.items() if isinstance(v, int | float))
+
+
+def _point(key: str, value: float, step: int, timestamp: int) -> dict:
+    return {"key": _key(key), "value": float(value), "step": int(step), "timestamp": timestamp}
+
+
+def _key(name: str) -> str:
+    """A name as MLflow accepts it: letters, digits, _ - . / and spaces."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name)[:250]
+
+
+def _tag(key: str, value: str) -> dict:
+    return {"key": key, "value": value}
+
+
+def _quoted(text: str) -> str:
+    return urllib.request.quote(text, safe="")
+
+
+def _now() -> int:
+    return int(time.time() * 1000)
+
+
+def _json(data: bytes) -> dict:
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}

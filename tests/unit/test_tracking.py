@@ -1,0 +1,152 @@
+"""results.wandb and results.mlflow: what the plan gives train, the W&B key's way to it, and a real MLflow server
+receiving a run as fab metrics reads it. (The W&B run itself, offline, is on the CPU tier: test_real_pipeline.)"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bootstrap.jobs import before, load, plan, tracking
+from bootstrap.paths import REPO
+from bootstrap.remote import jobrunner, wandb_run
+from bootstrap.results import mlflow_log
+from tests import mlflowserver
+
+KEY = "wandb-key-" + "7" * 30
+
+
+def jobs_with(tmp_path: Path, **results) -> Path:
+    """The shipped jobs/ with these results.* settings."""
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    data = yaml.safe_load((jobs / "pipeline.yaml").read_text())
+    data["results"].update(results)
+    (jobs / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    return jobs
+
+
+def planned(jobs: Path, run: str = "run-7") -> plan.Plan:
+    return plan.build(load.read(jobs), [], run)
+
+
+def test_wandb_on_gives_train_the_project_this_runs_name_and_its_key_and_the_environment_wandb(tmp_path):
+    built = planned(jobs_with(tmp_path, wandb="grpo-llama"))
+    train = built.job("train").runner_spec
+    assert {k: v for k, v in train["env"].items() if "WANDB" in k} == {
+        wandb_run.PROJECT_ENV: "grpo-llama",
+        wandb_run.RUN_ENV: "run-7",
+        "WANDB_DIR": "~/tpu-rl/runs/run-7/wandb",  # the run's folder on the VM: an offline run is kept there
+    }
+    assert train["optional_secrets"] == [tracking.KEY] and tracking.KEY not in train["secrets"]
+    assert built.spec.environment.packages == ["maxtext[tpu-post-train]==0.2.3", tracking.WANDB_PACKAGE]
+    for job in built.jobs:  # no other job gets W&B
+        if job.name != "train":
+            assert not any("WANDB" in k for k in job.runner_spec["env"]) and "optional_secrets" not in job.runner_spec
+
+
+def test_wandb_off_disables_it_in_train_and_changes_nothing_else(tmp_path):
+    """tunix logs to W&B whenever wandb imports: off unless asked, nothing leaves the VM for W&B."""
+    built = planned(jobs_with(tmp_path))
+    assert built.job("train").runner_spec["env"]["WANDB_MODE"] == "disabled"
+    assert "optional_secrets" not in built.job("train").runner_spec
+    assert not any("wandb" in package for package in built.spec.environment.packages)
+
+
+def test_a_wandb_the_user_pins_is_kept_and_not_added_twice(tmp_path):
+    jobs = jobs_with(tmp_path, wandb="p")
+    data = yaml.safe_load((jobs / "pipeline.yaml").read_text())
+    data["environment"]["packages"].append("WandB==0.30.0")
+    (jobs / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    assert planned(jobs).spec.environment.packages[1:] == ["WandB==0.30.0"]
+
+
+def test_the_key_goes_to_the_vm_only_when_set_and_wandb_is_on(tmp_path, monkeypatch):
+    on = planned(jobs_with(tmp_path, wandb="p")).spec.results
+    monkeypatch.delenv(tracking.KEY, raising=False)
+    assert tracking.secret_values(on) == {}
+    monkeypatch.setenv(tracking.KEY, KEY)
+    assert tracking.secret_values(on) == {tracking.KEY: KEY}
+    assert tracking.secret_values(on.model_copy(update={"wandb": ""})) == {}
+
+
+def test_train_gets_an_optional_secret_only_where_the_vm_holds_it(tmp_path):
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    (folder / "HF_TOKEN").write_text("hf_x\n")
+    spec = {"secrets_dir": str(folder), "secrets": ["HF_TOKEN"], "optional_secrets": [tracking.KEY]}
+    assert jobrunner._secret_env(spec) == {"HF_TOKEN": "hf_x"}
+    (folder / tracking.KEY).write_text(KEY)
+    assert jobrunner._secret_env(spec) == {"HF_TOKEN": "hf_x", tracking.KEY: KEY}
+    (folder / "HF_TOKEN").unlink()
+    with pytest.raises(FileNotFoundError):  # a required one missing still stops the job
+        jobrunner._secret_env(spec)
+
+
+def test_fab_plan_says_where_the_run_is_tracked_and_how(tmp_path):
+    built = planned(jobs_with(tmp_path, wandb="grpo", mlflow="http://mlflow.example:5000"))
+    with_key = before.notes(built, "tpu-rl", None, {"HF_TOKEN", tracking.KEY})
+    without = before.notes(built, "tpu-rl", None, {"HF_TOKEN"})
+    assert "W&B:      train logs live to project grpo, run run-7 (its key set here)" in with_key
+    assert (
+        f"W&B:      train logs live to project grpo, run run-7 (no {tracking.KEY} here: logged offline on the VM)"
+        in without
+    )
+    assert "MLflow:   fab logs the run to http://mlflow.example:5000 at its end and with fab metrics" in without
+
+
+def test_wandb_is_said_unreachable_when_no_connection_opens_and_reachable_when_one_does():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, not listening: refused
+        assert wandb_run.unreachable(f"http://127.0.0.1:{port}", timeout=5).startswith(f"127.0.0.1:{port} cannot")
+        closed.listen()
+        assert wandb_run.unreachable(f"http://127.0.0.1:{port}", timeout=5) is None
+
+
+SERIES = {"rewards/train/score/mean": {1: 0.25, 2: 0.5}, "actor/train/kl": {1: 0.01, 2: 0.02}}
+EVALS = [
+    {"phase": "pre", "step": None, "accuracy": 10.0, "format_accuracy": 50.0, "mean_reward": 0.1},
+    {"phase": "eval", "step": 2, "accuracy": 20.0, "format_accuracy": 60.0, "mean_reward": 0.2},
+]
+
+
+def test_mlflow_receives_the_run_once_and_later_steps_only_once(mlflow_server, monkeypatch):
+    """What fab metrics logs mid-run, then again at the end: each (metric, step) once, the parameters once, the
+    run FINISHED only when every job is done, the result as numbers and as its line."""
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-123")  # a server without auth ignores it
+    running = {"jobs": {"train": {"state": "running"}}, "evals": EVALS, "result": None, "time_split": None}
+    page = mlflow_log.log_run(mlflow_server, "run-a", {"run": "run-a", "train.learning_rate": "3e-4"}, SERIES, running)
+    assert page.startswith(f"{mlflow_server}/#/experiments/")
+    first = mlflowserver.logged(mlflow_server, "run-a")
+    assert first["run"]["info"]["status"] == "RUNNING"
+    assert first["history"]["rewards/train/score/mean"] == {1: 0.25, 2: 0.5}
+    assert first["history"]["eval/accuracy"] == {0: 10.0, 2: 20.0}
+
+    series = {tag: {**values, 3: values[2] * 2} for tag, values in SERIES.items()}
+    evals = [*EVALS, {"phase": "post", "step": None, "accuracy": 40.0, "format_accuracy": 90.0, "mean_reward": 0.4}]
+    result = {"before": 10.0, "after": 40.0, "change": 30.0, "interval": 12.5, "line": "GSM8K accuracy 10% -> 40%"}
+    done = {"jobs": {"train": {"state": "done"}}, "evals": evals, "result": result, "time_split": {"step_s": 1.5}}
+    mlflow_log.log_run(mlflow_server, "run-a", {"run": "run-a", "train.learning_rate": "3e-4"}, series, done)
+    final = mlflowserver.logged(mlflow_server, "run-a")  # asserts no (metric, step) twice
+    assert final["run"]["info"]["status"] == "FINISHED"
+    assert final["history"]["rewards/train/score/mean"] == {1: 0.25, 2: 0.5, 3: 1.0}
+    assert final["history"]["eval/accuracy"] == {0: 10.0, 2: 20.0, 3: 40.0}
+    assert final["history"]["result/change"] == {3: 30.0} and final["history"]["time/step_s"] == {3: 1.5}
+    data = final["run"]["data"]
+    assert {p["key"]: p["value"] for p in data["params"]} == {"run": "run-a", "train.learning_rate": "3e-4"}
+    assert {t["key"]: t["value"] for t in data["tags"]}["tpu-rl.result"] == result["line"]
+
+
+def test_an_mlflow_server_out_of_reach_is_one_line_without_its_credentials(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-456")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        with pytest.raises(mlflow_log.MlflowError) as raised:
+            mlflow_log.log_run(url, "run-b", {}, SERIES, {"jobs": {}})
+    said = str(raised.value)
+    assert said.startswith(f"{url} cannot be reached") and "\n" not in said and "mlflow-token" not in said
