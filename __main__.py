@@ -19,6 +19,7 @@ if not settings.gke:
 pulumi.export("backend", "gke" if settings.gke else "vm")
 pulumi.export("zone", settings.zone)
 pulumi.export("project", settings.gcp_project)
+pulumi.export("provisioning_model", settings.provisioning_model)  # autostop's default; on gke, whether train is Spot
 
 if settings.gke:
     from infra.gke import LOCAL_QUEUE, NAMESPACE, GkeSlice
@@ -49,7 +50,6 @@ else:
     pulumi.export("external_ip", vm.external_ip)
     pulumi.export("hosts", vm.external_ip.apply(lambda ip: [ip]))
     pulumi.export("ssh_user", settings.ssh_user)
-    pulumi.export("provisioning_model", settings.provisioning_model)  # fab's autostop default depends on it
     pulumi.export("machine_type", settings.machine_type)  # fab's vm.accelerator auto: the chips and their slice
     pulumi.export("bucket", vm.bucket.name if vm.bucket is not None else None)
     pulumi.export("ssh_command", vm.external_ip.apply(lambda ip: f"ssh {settings.ssh_user}@{ip}"))

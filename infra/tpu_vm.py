@@ -17,6 +17,8 @@ from .settings import PROJECT, Settings, label_value
 from .storage import BUCKET_ROLES, results_bucket
 
 STARTUP_SCRIPT = Path(__file__).resolve().parents[1] / "bootstrap" / "startup.sh"
+# On a preemption (Spot), each pipeline records it and tells its receivers before the VM is deleted.
+SHUTDOWN_SCRIPT = STARTUP_SCRIPT.with_name("shutdown.sh")
 BOOT_DISK_TYPE = "hyperdisk-balanced"  # v6e machines take Hyperdisk Balanced or Hyperdisk ML only
 # Metadata Compute Engine may write on a TPU VM itself: never removed by the next `pulumi up`.
 GCE_METADATA = ("tpu-env", "accelerator-type", "agent-worker-number", "worker-network-endpoints")
@@ -58,6 +60,7 @@ def metadata(settings: Settings) -> dict[str, str]:
     """
     entries = {
         "startup-script": STARTUP_SCRIPT.read_text(encoding="utf-8"),
+        "shutdown-script": SHUTDOWN_SCRIPT.read_text(encoding="utf-8"),
         "enable-guest-attributes": "TRUE",
     }
     if settings.os_login:

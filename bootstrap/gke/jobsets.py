@@ -31,8 +31,9 @@ TOOLS_CONFIG_MAP = "tpu-rl-tools"
 # and the pipeline's driver in the cluster (gke_driver.py, with the modules it runs on)
 TOOLS = ("maxtext_run.py", "attempts.py", "wandb_run.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py",
          "gke_driver.py", "driver.py", "folders.py", "notify.py", "inventory.py", "jobrunner.py", "jobset_state.py", "gcs.py", "retry.py",
-         "faults.py")  # fmt: skip
+         "faults.py", "preempted.py")  # fmt: skip
 TOOLS_DIR = "/tpu-rl/tools"
+SPOT_RESTARTS = 10  # preemptions one train on Spot rides out before its JobSet fails
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder
 PUBLISHED = f"{BUCKET_MOUNT}/published"  # the Hub uploads' markers: <run>/hub-<owner>--<name>.json
 RUN_ANNOTATION = "tpu-rl/run"  # the run's own name (the JobSet's name holds only part of it)
@@ -58,6 +59,7 @@ class Slice:
     bucket: str
     topology: str
     image: str
+    spot: bool = False  # the TPU node pool is Spot (tpu-rl:provisioningModel SPOT): train rides out preemptions
 
     @property
     def hosts(self) -> int:
@@ -490,7 +492,10 @@ def pathways_jobset(job: RenderedJob, target: Slice, run_name: str) -> dict:
         "spec": {
             "coordinator": {"replicatedJob": "pathways-head"},
             "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
-            "failurePolicy": {"restartStrategy": "Recreate"},
+            # On Spot, a preempted node fails the slice's pods: JobSet recreates them all (XPK's --max-restarts),
+            # Kueue keeps the workload admitted, the node pool brings new Spot nodes, and MaxText resumes from the
+            # last checkpoint in the bucket. A train that fails for another reason is recreated as well.
+            "failurePolicy": {"restartStrategy": "Recreate", **({"maxRestarts": SPOT_RESTARTS} if target.spot else {})},
             "replicatedJobs": [_head(job, target, scratch), _workers(name, target, scratch)],
             "startupPolicy": {"startupPolicyOrder": "InOrder"},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": ["pathways-head"]},

@@ -15,7 +15,8 @@ from . import jobsets
 def target_of(outputs: dict, spec: PipelineSpec) -> jobsets.Slice:
     """The slice from the stack's outputs and the image from jobs/pipeline.yaml."""
     jobsets.require_image(spec)
-    return jobsets.Slice(bucket=outputs["bucket"], topology=outputs["topology"], image=spec.gke.image)
+    spot = outputs.get("provisioning_model") == "SPOT"
+    return jobsets.Slice(bucket=outputs["bucket"], topology=outputs["topology"], image=spec.gke.image, spot=spot)
 
 
 def overrides(files: JobFiles, target: jobsets.Slice, given: list[str]) -> list[str]:

@@ -46,4 +46,5 @@ def slice_of(checked: settings.Settings, spec: PipelineSpec) -> Slice | None:
     """The gke stack's slice, or None for the vm backend."""
     if checked.gke is None:
         return None
-    return target_of({"bucket": checked.results_bucket, "topology": checked.gke.topology}, spec)
+    outputs = {"bucket": checked.results_bucket, "topology": checked.gke.topology}
+    return target_of({**outputs, "provisioning_model": checked.provisioning_model}, spec)

@@ -57,13 +57,14 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 
 try:
-    from . import faults, folders, inventory, jobrunner, notify  # on the laptop: bootstrap.remote.driver
+    from . import faults, folders, inventory, jobrunner, notify, preempted  # on the laptop: bootstrap.remote.driver
 except ImportError:
     import faults  # on the VM: beside this script in the tools folder
     import folders
     import inventory
     import jobrunner
     import notify
+    import preempted
 
 JobState, Layout, alive, identity = jobrunner.JobState, jobrunner.Layout, jobrunner.alive, jobrunner.identity
 read_json, write_json = jobrunner.read_json, jobrunner.write_json
@@ -526,6 +527,8 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
     """
     plan = json.loads(plan_text)
     os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
+    with contextlib.suppress(OSError):  # a preemption then goes unrecorded; the pipeline is not stopped for it
+        preempted.register(layout)
     with open(_path(layout, START_LOCK), "a+") as serial:
         fcntl.flock(serial, fcntl.LOCK_EX)  # one start at a time decides
         touch_seen(layout)

@@ -107,6 +107,8 @@ def message(event: dict) -> str:
     head = f"tpu-rl: run {event.get('run', '?')} on {event.get('host', '?')}"
     if event.get("kind") == "gave-up":
         return f"{head}: its driver keeps stopping ({event.get('why', '')}); run fab status"
+    if event.get("kind") == "preempted":
+        return f"{head}: preempted {during(event)}; fab train --recover carries it on (--watch does it itself)"
     if event.get("state") == "failed":
         failed = event.get("failed") or {}
         job = next(iter(failed), "?")
@@ -116,6 +118,14 @@ def message(event: dict) -> str:
     if event.get("held"):
         return f"{head}: done, the model held back ({event['held']}); fab publish uploads it{result}"
     return f"{head}: done{result}"
+
+
+def during(preemption: dict) -> str:
+    """What a preemption record (preempted.py) says the VM was doing: `during train (last committed checkpoint:
+    step 30)`."""
+    step = preemption.get("committed_step")
+    kept = f"last committed checkpoint: step {step}" if step is not None else "no checkpoint committed yet"
+    return f"during {', '.join(preemption.get('running') or []) or 'no job'} ({kept})"
 
 
 def describe(layout: jobrunner.Layout, event: dict) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from ..errors import Problem, UserError
 from ..jobs import accelerator as chips_of
 from ..jobs import schema
+from ..jobs.load import CHECKPOINTS_PER_RUN
 from ..jobs.plan import Plan
 from . import prices, rates
 from .runs import RunRecord, all_records
@@ -54,6 +55,31 @@ class Estimate:
     price_note: str = ""  # what else the price means (prepaid, Spot, a commitment's price)
     idle_s: int | None = None  # how long the VM idles after the run before autostop; None: it does not stop
     idle_why: str = ""
+    on_demand: float | None = None  # a Spot run's chip-hour on demand: what the same run would cost there
+
+    def preemption_s(self) -> tuple[float, float]:
+        """What one preemption costs at most: train's work since its last checkpoint (a tenth of it, the shipped
+        checkpoint_period), and on the new VM the environment and the checks again (prefetch and convert are kept
+        in the bucket)."""
+        by_name = {s.name: s for s in self.stages}
+        low = high = 0.0
+        for name, share in (("setup", 1.0), ("validate", 1.0), ("train", 1 / CHECKPOINTS_PER_RUN)):
+            if (stage := by_name.get(name)) and stage.low_s is not None:
+                low, high = low + stage.low_s * share, high + stage.high_s * share
+        return low, high
+
+    def spot_lines(self) -> list[str]:
+        """For a Spot run: the same run on demand, and what each preemption costs."""
+        if self.on_demand is None or self.price is None:
+            return []
+        low_h, high_h = (hours + (self.idle_s or 0) / 3600 * self.chips for hours in self.chip_hours())
+        lost_low, lost_high = (seconds / 3600 * self.chips for seconds in self.preemption_s())
+        return [
+            f"  on demand      ${low_h * self.on_demand:,.2f}-${high_h * self.on_demand:,.2f} the same, at "
+            f"{dollars(self.on_demand)} a chip-hour",
+            f"  a preemption   up to {span(*self.preemption_s())} more: {lost_low:.2f}-{lost_high:.2f} chip-hours, "
+            f"${lost_low * self.price:,.2f}-${lost_high * self.price:,.2f} each (fab train --watch recovers by itself)",
+        ]
 
     def _span(self, end: str) -> float:
         """The pipeline's time: its longest chain of needs (setup beside prefetch, validate beside convert)."""
@@ -102,6 +128,7 @@ class Estimate:
             )
             if self.price_note:
                 lines.append(f"                 {self.price_note}")
+        lines += self.spot_lines()
         return [*lines, *(f"  left out of the calibration: {line}" for line in self.left_out)]
 
     def idle_cost(self) -> float | None:
@@ -137,6 +164,10 @@ class Estimate:
             "idle_s": self.idle_s,
             "idle_cost": None if (idle := self.idle_cost()) is None else round(idle, 2),
             "left_out": list(self.left_out),
+            "on_demand_cost": [round(low_h * self.on_demand, 2), round(high_h * self.on_demand, 2)]
+            if self.on_demand is not None
+            else None,
+            "preemption_s": [round(seconds) for seconds in self.preemption_s()],
         }
 
 
@@ -275,10 +306,20 @@ def estimate(
     if only is None and (plan.spec.results.hub_repo or plan.spec.results.gcs):
         stages.append(replace(_copies(plan, record), needs=("export",)))
     price = prices.price(chip_name(plan), provisioning, zone, plan.spec.vm.price_per_chip_hour)
+    on_demand = prices.price(chip_name(plan), "STANDARD", zone, None).per_chip_hour if provisioning == "SPOT" else None
     chips = max(1, plan.accelerator.chips)
     name = record.name if record else ""
     return Estimate(
-        tuple(stages), name, chips, price.per_chip_hour, price.source, tuple(damaged), price.note, idle[0], idle[1]
+        tuple(stages),
+        name,
+        chips,
+        price.per_chip_hour,
+        price.source,
+        tuple(damaged),
+        price.note,
+        idle[0],
+        idle[1],
+        on_demand,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import matplotlib
@@ -115,22 +116,53 @@ def loss_cost(tries: list[dict]) -> dict:
     step it resumed from, or, without records, those a later start logged too), with the minutes that
     step took, and the minutes each later start took to reach its first step. A lost VM's steps after
     its last written event are in no file: the counts are at least these."""
-    redone, minutes_redone = 0, 0.0
+    redone, minutes_redone, restarting, each = 0, 0.0, 0.0, []
     for i, earlier in enumerate(tries[:-1]):
-        resumed = tries[i + 1]["resumed_from"]
-        trained_later = {step for later in tries[i + 1 :] for step in later["times"]}
+        later = tries[i + 1]
+        resumed = later["resumed_from"]
+        trained_later = {step for after in tries[i + 1 :] for step in after["times"]}
+        lost = 0.0
         for step, took in _step_seconds(earlier["times"]).items():
             if step > resumed if resumed is not None else step in trained_later:
                 redone += 1
-                minutes_redone += took / 60
-    restarting = sum(min(later["times"].values()) - later["begun"] for later in tries[1:] if later["times"]) / 60
+                lost += took / 60
+        minutes_redone += lost
+        starting = (min(later["times"].values()) - later["begun"]) / 60 if later["times"] else 0.0
+        restarting += starting
+        each.append({"begun": later["begun"], "minutes": round(lost + starting, 2)})
     return {
         "attempts": len(tries),
         "resumed_from": [attempt["resumed_from"] for attempt in tries],
         "steps_redone": redone,
         "minutes_redone": round(minutes_redone, 2),
         "minutes_restarting": round(restarting, 2),
+        "restarts": each,  # each later start: when it began, and the minutes trained again and spent starting
     }
+
+
+def preemption_cost(preemptions: list[dict], losses: dict, chips: int) -> list[dict]:
+    """Each preemption record (remote/preempted.py) with the chip-hours it cost: the restart that followed it,
+    its steps trained again and its start-up."""
+    costed = []
+    for found in sorted(preemptions, key=lambda p: p["at"]):
+        after = next((r for r in losses.get("restarts", []) if r["begun"] >= found["at"]), None)
+        hours = after["minutes"] / 60 * chips if after else None
+        costed.append({**found, "lost_chip_hours": None if hours is None else round(hours, 3)})
+    return costed
+
+
+def preemption_line(costed: list[dict]) -> str:
+    """fab metrics' line on the run's preemptions: when, at which committed step, what each cost."""
+    each = []
+    for found in costed:
+        when = datetime.fromtimestamp(found["at"], UTC).strftime("%H:%M UTC")
+        step = found.get("committed_step")
+        lost = found.get("lost_chip_hours")
+        each.append(
+            f"at {when} (last committed step {step if step is not None else 'none'}"
+            + (f", {lost:.2f} chip-hours lost)" if lost is not None else ", not resumed yet)")
+        )
+    return f"preempted {len(costed)} time{'s' if len(costed) > 1 else ''}: {'; '.join(each)}"
 
 
 def _step_seconds(times: dict[int, float]) -> dict[int, float]:
@@ -244,6 +276,7 @@ def summarize(record, path: Path, losses: dict, series: Series | None = None) ->
         "results": record.results,
         "train_losses": losses,
         "time_split": record.timing,
+        "preemptions": record.preemptions,
     }
     path.write_text(json.dumps(summary, indent=1))
     return summary

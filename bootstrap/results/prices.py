@@ -58,8 +58,9 @@ def price(chip: str | None, provisioning: str | None, zone: str | None, override
         spot = SPOT[chip].get(region)
         if spot is None:
             return Price(None, f"no Spot list price for {where}: set vm.price_per_chip_hour")
-        against = f"; on demand ${on_demand:g}" if on_demand else ""
-        return Price(spot, f"Spot, {where}, {AS_OF}; Spot prices change", f"Spot is preemptible{against}")
+        return Price(
+            spot, f"Spot, {where}, {AS_OF}; Spot prices change", "Spot is preemptible: a preemption deletes the VM"
+        )
     if on_demand is None:
         return Price(None, f"no list price for {where}: set vm.price_per_chip_hour")
     if provisioning == "RESERVATION_BOUND":

@@ -39,7 +39,7 @@ def current_run() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-FIELDS = ("name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate")
+FIELDS = ("name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate", "preemptions")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class RunRecord:
     chips: int = 0  # the VM's TPU chips, billed while it runs
     timing: dict | None = None  # where train's time went (results/timing.py), its work and shape (estimate.py)
     estimate: dict | None = None  # what fab estimated when the run started (results/estimate.py)
+    preemptions: list[dict] = field(default_factory=list)  # each Spot preemption, with what it cost (fab metrics)
 
     @property
     def folder(self) -> Path:
@@ -101,6 +102,7 @@ class RunRecord:
             self.machine, self.chips = self.machine or disk.machine, self.chips or disk.chips
             self.timing, self.estimate = self.timing or disk.timing, self.estimate or disk.estimate
             self.settings = self.settings if self.settings is not None else disk.settings
+            self.preemptions = self.preemptions or disk.preemptions
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             if not self.name.startswith(PROBE_PREFIX):  # a probe measures; the run carried on stays the current
@@ -168,6 +170,12 @@ class _Estimate(_Strict):
     unknown: list[str] = []
 
 
+class _Preemption(_Strict):
+    at: Time
+    committed_step: Annotated[int, Field(ge=0)] | None = None
+    lost_chip_hours: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+
 class _Record(_Strict):
     """What the readers of a record rely on (fab runs, the estimate, the result line)."""
 
@@ -180,6 +188,7 @@ class _Record(_Strict):
     chips: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     timing: _Timing | None = None
     estimate: _Estimate | None = None
+    preemptions: list[_Preemption] = []
 
 
 def damage(data) -> str | None:

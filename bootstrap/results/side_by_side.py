@@ -127,6 +127,7 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
         "estimate": _estimated(record),
         "checkpoint_step": bucket["steps"][-1] if bucket.get("steps") else None,
         "train_starts": len(bucket.get("attempts", [])) or None,
+        "preemptions": record.preemptions if record else [],
         "kept": _kept(record, vm, bucket, host),
     }
 

@@ -34,7 +34,7 @@ def fetch_metrics(c, arg=None, run_name=None):
 
 def write_metrics(session: Session) -> None:
     """fab metrics of the session's run: its events and records copied here, then CSV, PNG and a summary."""
-    from ..remote import attempts
+    from ..remote import attempts, preempted
     from ..results import metrics  # matplotlib and TensorBoard take half a second to import: only here
 
     train = next((job for job in session.plan.rendered if job.progress), None)
@@ -49,14 +49,21 @@ def write_metrics(session: Session) -> None:
         console.print(f"reading the records of train's starts in {session.vm.where(records)}")
         session.vm.download(records, folder / "attempts", required=False)
         starts = attempts.parse([path.read_text(errors="replace") for path in (folder / "attempts").glob("*.json")])
+    preemptions = []
+    if records := preempted.folder_of(train.env):
+        session.vm.download(records, folder / "preemptions", required=False)
+        preemptions = [json.loads(path.read_text()) for path in sorted((folder / "preemptions").glob("*.json"))]
     series = metrics.read_events(events)
     metrics.write_csv(series, folder / "metrics.csv")
     metrics.write_evals_csv(record.evals, folder / "evals.csv")
     metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
     (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
     losses = metrics.loss_cost(metrics.attempts(events, starts))
-    if record.timing is None:  # a run no fab command watched to its end: from train's log on the VM
-        record.timing = _timing(session, train)
+    costed = metrics.preemption_cost(preemptions, losses, record.chips or session.plan.accelerator.chips)
+    if record.timing is None or costed != record.preemptions:
+        record.preemptions = costed
+        if record.timing is None:  # a run no fab command watched to its end: from train's log on the VM
+            record.timing = _timing(session, train)
         record.save()
     summary = metrics.summarize(record, folder / "summary.json", losses, series)
     steps = max((max(v) for v in series.values() if v), default=0)
@@ -68,6 +75,8 @@ def write_metrics(session: Session) -> None:
             f"cost at least {losses['steps_redone']} steps trained again ({losses['minutes_redone']:.1f} min) and "
             f"{losses['minutes_restarting']:.1f} min of starting again"
         )
+    if record.preemptions:
+        console.print(metrics.preemption_line(record.preemptions), markup=False, highlight=False)
     if summary["time_split"]:
         console.print(f"train's time: {metrics.split_line(summary['time_split'])}", markup=False, highlight=False)
     if summary["result"]:
@@ -278,6 +287,9 @@ def _against_estimate(row: dict) -> str:
             *([f"{row['chip_hours']:.2f} chip-h"] if row["chip_hours"] is not None else []),
         ]
     )
+    if preempted := row.get("preemptions"):
+        lost = sum(p.get("lost_chip_hours") or 0 for p in preempted)
+        cell += f"\n{len(preempted)} preempted, {lost:.2f} chip-h lost"
     if expected := row["estimate"]:
         middle = (expected["low_s"] + expected["high_s"]) / 2
         done = row["state"] == "done" and row["took_s"] and middle  # a failed or resumed run's span is no measure

@@ -9,14 +9,15 @@ from __future__ import annotations
 from invoke import Context
 
 from .. import secrets
-from ..errors import UserError
+from ..errors import UserError, VmUnavailable
 from ..jobs import check, load, tracking
 from ..jobs.checked import LocalInputs
 from ..jobs.plan import DURABLE_DIR, Plan, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
-from ..remote import gcs
+from ..remote import gcs, preempted
+from ..remote.attempts import DIR_ENV
 from ..remote.jobrunner import JobState, Layout
-from ..results import runs
+from ..results import preemptions, runs
 from ..results.publish import durable_jobs, durable_overrides
 from ..results.runs import PROBE_PREFIX
 from ..session import Session, TokenCheck
@@ -89,7 +90,12 @@ def open_session(
         else:
             if host := dial.host():  # none: the dial's own error says so
                 console.print(f"connecting to {host} ({'-H' if outputs is None else 'Pulumi stack outputs'})")
-            conn, asking = dial.connection()
+            try:
+                conn, asking = dial.connection()
+            except VmUnavailable as lost:  # what the VM recorded as it went, when it was preempted
+                run = None if new_run else run_name or runs.current_run()
+                found = preemptions.last(_preemption_folder(files, pipeline, outputs, overrides, run)) if run else None
+                raise VmUnavailable(f"{lost}; it was {preemptions.said(found)}" if found else str(lost)) from None
         driver = Vm(conn, Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()), asking)
         source = f"{driver.name}:{driver.layout.current_run}"
     durable = [] if target else durable_overrides(pipeline.spec, outputs)
@@ -149,6 +155,17 @@ def _read_ahead(plan: Plan, outputs: dict | None, runs_jobs: bool) -> tuple[str,
     runs them the durable copies too (a no-op `fab train` then knows in that one round trip)."""
     jobs = [*plan.jobs, *(durable_jobs(plan, outputs) if runs_jobs else [])]
     return tuple(job.job_dir for job in jobs)
+
+
+def _preemption_folder(
+    files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str], run: str
+) -> str | None:
+    """Where the run's preemption records are (remote/preempted.py): beside its start records."""
+    if not gcs.is_gcs(durable_dir(files, pipeline, outputs, overrides)):
+        return None  # on the VM's disk, gone with it
+    planned = build(files, [*durable_overrides(pipeline.spec, outputs), *overrides], run)
+    train = next((job for job in planned.rendered if job.env.get(DIR_ENV)), None)
+    return preempted.folder_of(train.env) if train else None
 
 
 def durable_dir(files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str]) -> str:

@@ -47,6 +47,7 @@ TOOLS = (
     "maxtext_run.py",
     "attempts.py",
     "wandb_run.py",
+    "preempted.py",
     "hub_upload.py",
     "gcs_upload.py",
     "export_config.py",

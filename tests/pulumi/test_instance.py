@@ -65,6 +65,14 @@ def test_startup_script_in_metadata_from_bootstrap(vm):
     assert "metadataStartupScript" not in vm  # would force a re-create on every change
 
 
+def test_the_shutdown_script_records_a_preemption_before_the_vm_goes(vm):
+    """Compute Engine runs it for about 30 s before deleting a preempted Spot VM (tests/unit/test_preempted.py
+    runs it)."""
+    script = vm["metadata"]["shutdown-script"]
+    assert script == (REPO / "bootstrap" / "shutdown.sh").read_text()
+    assert "instance/preempted" in script and "preempted.py" in script
+
+
 def test_host_keys_published_as_guest_attributes(vm):
     assert vm["metadata"]["enable-guest-attributes"] == "TRUE"  # fab pins them before connecting
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import subprocess
 import uuid
 
 import pytest
@@ -265,6 +267,14 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
     watching = stack.start("train", "--run-name", "r1", "--watch", "--tries", "8", *args)
     try:
         wait_for(lambda: 2 in jobrunner.finished_steps(actor), timeout=300, what="train's checkpoint of step 2")
+        state = (
+            fab.tmp / "state"
+        )  # the shutdown script's work on a preemption (bootstrap/shutdown.sh), as the VM runs it
+        told = subprocess.run(
+            ["python3", state / "bin" / "preempted.py", state], env=os.environ, capture_output=True, text=True
+        )
+        assert told.returncode == 0, told.stderr
+        at_step = json.loads(told.stdout)["committed_step"]
         stack.unreachable("1001")
         del compute.instances[INSTANCE]  # preempted: Compute Engine deletes a Spot VM
         drop_connections(fab)
@@ -273,6 +283,12 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
         assert 2 <= kept < 6
         wipe(fab)
         wait_for(stack.up_calls, timeout=120, what="fab's first recovery, refused: no Spot capacity")
+        status = stack("status", *args)  # meanwhile: what the VM recorded as it went, not only "no longer exists"
+        assert status.returncode == 2 and "no longer exists (deleted on host maintenance" in status.stderr
+        assert re.search(
+            rf"; it was preempted at \d\d:\d\d UTC during train \(last committed checkpoint: step {at_step}\)$",
+            status.stderr.strip(),
+        ), status.stderr
         stack.after_up("2002")  # capacity again
         out, _ = watching.communicate(timeout=600)
     finally:
@@ -291,4 +307,18 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
     recovering = [body for body in told if body.get("state") == "recovering"]
     assert [body["recovery"] for body in recovering][:2] == [1, 2] and all(b["run"] == "r1" for b in recovering)
     assert any(body.get("state") == "done" for body in told)  # and the new VM told the end, as any VM does
+    (preemption,) = [body for body in told if body.get("kind") == "preempted"]  # told by the VM as it went
+    assert preemption["committed_step"] == at_step and preemption["run"] == "r1"
     assert receiver.secret not in out
+
+    metrics = stack("metrics", *args)  # the preemption's record is in the bucket: counted, with what it cost
+    assert metrics.returncode == 0, metrics.stderr
+    assert re.search(
+        rf"preempted 1 time: at \d\d:\d\d UTC \(last committed step {at_step}, \d+\.\d\d chip-hours lost\)",
+        metrics.stdout,
+    )
+    (recorded,) = json.loads((fab.tmp / "runs" / "r1" / "record.json").read_text())["preemptions"]
+    assert recorded["committed_step"] == at_step and recorded["lost_chip_hours"] is not None
+    listed = stack("runs")
+    assert listed.returncode == 0, listed.stderr
+    assert "1 preempted" in listed.stdout

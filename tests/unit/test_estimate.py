@@ -234,6 +234,24 @@ def test_the_cost_is_at_the_users_price_else_the_list_price_else_none(runs, jobs
     assert elsewhere.to_dict()["cost"] is None and "set vm.price_per_chip_hour" in elsewhere.lines()[-1]
 
 
+def test_a_spot_run_is_set_against_the_same_run_on_demand_and_each_preemption_has_its_price(runs):
+    spot = estimate.estimate(plan_for(), "SPOT", "us-central1-a", (1800, "auto for SPOT"))
+    said = "\n".join(spot.lines())
+    hours = [h + 0.5 * 8 for h in spot.chip_hours()]  # the run and autostop's 30 idle minutes, on eight chips
+    assert spot.to_dict()["on_demand_cost"] == [
+        round(spot.chip_hours()[0] * 2.70, 2),
+        round(spot.chip_hours()[1] * 2.70, 2),
+    ]
+    assert f"on demand      ${hours[0] * 2.70:,.2f}-${hours[1] * 2.70:,.2f} the same, at $2.70 a chip-hour" in said
+    stages = {s.name: s for s in spot.stages}  # a preemption: setup and the checks again, a tenth of train
+    low = stages["setup"].low_s + stages["validate"].low_s + stages["train"].low_s / 10
+    high = stages["setup"].high_s + stages["validate"].high_s + stages["train"].high_s / 10
+    assert spot.preemption_s() == pytest.approx((low, high))
+    assert f"{low / 3600 * 8:.2f}-{high / 3600 * 8:.2f} chip-hours, ${low / 3600 * 8 * 0.544:,.2f}-" in said
+    standard = "\n".join(estimate.estimate(plan_for(), "STANDARD", "us-central1-a").lines())
+    assert "a preemption" not in standard and "on demand   " not in standard
+
+
 def test_without_a_stack_the_default_machine_is_priced_on_demand_and_says_so(runs):
     found = estimate.estimate(plan_for())
     assert found.price == 2.70 and "no stack read" in found.price_source and "on demand" in found.price_source

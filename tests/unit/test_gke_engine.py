@@ -26,9 +26,9 @@ TOPOLOGIES = ("2x4", "4x4", "16x16")
 HUB_REPO = "a-user-name-of-many-chars/" + "m" * 70
 
 
-def manifests(run_name: str, topology: str = "4x4", hub_repo: str = HUB_REPO) -> dict[str, dict]:
+def manifests(run_name: str, topology: str = "4x4", hub_repo: str = HUB_REPO, spot: bool = False) -> dict[str, dict]:
     """Every JobSet a run creates: the MaxText jobs', the Hub upload's and the driver's that runs them all."""
-    target = jobsets.Slice(bucket="my-results", topology=topology, image=IMAGE)
+    target = jobsets.Slice(bucket="my-results", topology=topology, image=IMAGE, spot=spot)
     plan = gke_session.plan(load.read(REPO / "jobs"), jobsets.overrides(target), run_name, target)
     results = plan.spec.results.model_copy(update={"hub_repo": hub_repo, "hub_private": True})
     gke = plan.spec.gke.model_copy(update={"image": IMAGE})
@@ -64,6 +64,28 @@ def test_every_jobset_passes_the_jobset_crd_schema(run_name, topology):
         assert not (spec.get("startupPolicy", {}).get("startupPolicyOrder") == "InOrder" and any(
             "dependsOn" in job for job in spec["replicatedJobs"]
         )), "StartupPolicy and DependsOn APIs are mutually exclusive"  # fmt: skip
+
+
+def test_on_spot_train_is_recreated_after_a_preemption_and_on_demand_never():
+    """A preempted Spot node fails train's pods: JobSet recreates the whole slice up to SPOT_RESTARTS times (MaxText
+    resumes from the bucket's last checkpoint). The other jobs are the pipeline's to retry, as on demand."""
+    spot, standard = manifests(DEFAULT_RUN, spot=True), manifests(DEFAULT_RUN)
+    assert crdschema.errors(spot["train"]) == []
+    assert spot["train"]["spec"]["failurePolicy"] == {
+        "restartStrategy": "Recreate",
+        "maxRestarts": jobsets.SPOT_RESTARTS,
+    }
+    assert standard["train"]["spec"]["failurePolicy"] == {"restartStrategy": "Recreate"}  # JobSet's default: 0
+    alike = ("convert", "export")  # (the driver's JobSet carries the plan, train's manifest in it)
+    assert [spot[name] for name in alike] == [standard[name] for name in alike]
+
+
+def test_the_stacks_provisioning_model_decides_spot():
+    spec = load.resolve(load.read(REPO / "jobs")).spec
+    spec = spec.model_copy(update={"gke": spec.gke.model_copy(update={"image": IMAGE})})
+    outputs = {"bucket": "b", "topology": "4x4"}
+    assert gke_session.target_of({**outputs, "provisioning_model": "SPOT"}, spec).spot
+    assert not gke_session.target_of({**outputs, "provisioning_model": "RESERVATION_BOUND"}, spec).spot
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)

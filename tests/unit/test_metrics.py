@@ -144,7 +144,17 @@ def test_what_a_loss_cost_is_read_from_the_attempts_event_files(tmp_path):
         "steps_redone": 0,
         "minutes_redone": 0.0,
         "minutes_restarting": 0.0,
+        "restarts": [],
     }
+    (restart,) = cost["restarts"]  # the one later start: what it cost, the preemption before it is charged it
+    assert restart == {
+        "begun": begun,
+        "minutes": pytest.approx(cost["minutes_redone"] + cost["minutes_restarting"], abs=0.02),
+    }
+    preempted = [{"at": begun - 60, "committed_step": 3}, {"at": begun + 3600, "committed_step": 9}]
+    charged = metrics.preemption_cost(preempted, cost, chips=8)
+    assert charged[0]["lost_chip_hours"] == pytest.approx(restart["minutes"] / 60 * 8, abs=0.001)
+    assert charged[1]["lost_chip_hours"] is None  # no start after it yet: not known
 
 
 def test_a_step_trained_by_three_starts_counts_twice_and_one_trained_once_never(tmp_path):

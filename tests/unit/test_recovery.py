@@ -1,0 +1,64 @@
+"""fab train --watch's loop (vm/recovery.py): a lost VM is recovered a bounded number of times, each wait twice the
+last, each try said and told; anything else ends it at once. (The whole of it, a VM deleted mid-train: the SSH
+tier's tests/ssh/test_recover.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from bootstrap.errors import UserError, VmUnavailable
+from bootstrap.vm import recovery
+
+
+class Attempts:
+    """Each call fails with the next of `outcomes` (None: the run finishes)."""
+
+    def __init__(self, *outcomes):
+        self.outcomes, self.recovering = list(outcomes), []
+
+    def __call__(self, recovering: bool) -> None:
+        self.recovering.append(recovering)
+        if outcome := self.outcomes.pop(0):
+            raise outcome
+
+
+def watched(attempts: Attempts, tries: int) -> tuple[list[str], list[dict], list[float]]:
+    said, told, slept = [], [], []
+    recovery.watch(attempts, tries, said.append, lambda text, event: told.append({**event, "text": text}), slept.append)
+    return said, told, slept
+
+
+def test_a_lost_vm_is_recovered_with_waits_that_double_until_the_run_finishes(monkeypatch):
+    monkeypatch.setattr(recovery, "FIRST_WAIT_SECONDS", 60.0)
+    attempts = Attempts(VmUnavailable("lost the connection"), VmUnavailable("`pulumi up` failed"), None)
+    said, told, slept = watched(attempts, tries=5)
+    assert attempts.recovering == [False, True, True]  # the first as asked, then as `fab train --recover`
+    assert slept == [60.0, 120.0]
+    assert said == [
+        "the VM cannot carry the run on (lost the connection); recovery 1 of 5 in 60 s",
+        "the VM cannot carry the run on (`pulumi up` failed); recovery 2 of 5 in 120 s",
+    ]
+    assert [(t["state"], t["recovery"]) for t in told] == [("recovering", 1), ("recovering", 2)]
+
+
+def test_the_waits_stop_growing_at_half_an_hour(monkeypatch):
+    monkeypatch.setattr(recovery, "FIRST_WAIT_SECONDS", 60.0)
+    assert [recovery.wait_before(n) for n in (1, 5, 6, 9)] == [60.0, 960.0, 1800.0, 1800.0]
+
+
+def test_after_its_tries_it_gives_up_in_one_line_and_tells_so():
+    attempts = Attempts(*(VmUnavailable("no Spot capacity") for _ in range(3)))
+    said, told = [], []
+    with pytest.raises(UserError) as raised:
+        recovery.watch(attempts, 2, said.append, lambda text, event: told.append(event), lambda s: None)
+    assert str(raised.value) == "no Spot capacity; fab train --watch gave up after 2 recoveries (--tries)"
+    assert not isinstance(raised.value, VmUnavailable) and len(attempts.recovering) == 3
+    assert told[-1] == {"state": "gave-up", "recoveries": 2}
+
+
+def test_anything_but_a_lost_vm_ends_the_watch_at_once():
+    failed = UserError("train failed: see fab logs --job train")
+    attempts = Attempts(failed)
+    with pytest.raises(UserError) as raised:
+        watched(attempts, tries=5)
+    assert raised.value is failed and attempts.recovering == [False]
