@@ -47,10 +47,13 @@ def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, det
     if only is None:
         session.record.results.update(report(plan, durable, console.print, session.vm.read_json))
         session.record.save()
-        if plan.spec.results.mlflow:  # the tracker gets the run as fab metrics reads it
+        if plan.spec.results.mlflow and any(job.progress for job in plan.rendered):  # as fab metrics reads it
             from .results_tasks import write_metrics
 
-            write_metrics(session)
+            try:
+                write_metrics(session)
+            except UserError as err:  # the run is done all the same
+                console.print(f"MLflow: not logged ({err}); fab metrics logs it again", markup=False, highlight=False)
         console.print(
             f"run {plan.run_name} done. Next: fab metrics (CSV and a plot), fab download (the model), pulumi destroy"
         )
