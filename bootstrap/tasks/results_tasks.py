@@ -288,8 +288,9 @@ def _against_estimate(row: dict) -> str:
         ]
     )
     if preempted := row.get("preemptions"):
+        steps = ", ".join(str(p["committed_step"]) if p.get("committed_step") is not None else "-" for p in preempted)
         lost = sum(p.get("lost_chip_hours") or 0 for p in preempted)
-        cell += f"\n{len(preempted)} preempted, {lost:.2f} chip-h lost"
+        cell += f"\npreempted at step {steps}: {lost:.2f} chip-h lost"
     if expected := row["estimate"]:
         middle = (expected["low_s"] + expected["high_s"]) / 2
         done = row["state"] == "done" and row["took_s"] and middle  # a failed or resumed run's span is no measure

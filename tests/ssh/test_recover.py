@@ -321,4 +321,4 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
     assert recorded["committed_step"] == at_step and recorded["lost_chip_hours"] is not None
     listed = stack("runs")
     assert listed.returncode == 0, listed.stderr
-    assert "1 preempted" in listed.stdout
+    assert f"preempted at step {at_step}: " in " ".join(listed.stdout.split())
