@@ -9,14 +9,16 @@ set -u
 METADATA=${TPU_RL_METADATA_URL:-http://metadata.google.internal/computeMetadata/v1}
 HOMES=${TPU_RL_HOMES:-/home}
 
-[ "$(curl -sf -m 5 -H 'Metadata-Flavor: Google' "$METADATA/instance/preempted")" = "TRUE" ] || exit 0
+[ "$(curl -sf -m 2 -H 'Metadata-Flavor: Google' "$METADATA/instance/preempted")" = "TRUE" ] || exit 0
 # Each registry is its user's own (written by that user's pipeline driver): its folders run as that user.
+# A registry that is a link, or not owned by its home's owner, is skipped.
 for registry in "$HOMES"/*/.config/tpu-rl/state-dirs; do
-  [ -f "$registry" ] || continue
+  [ -f "$registry" ] && [ ! -L "$registry" ] || continue
   owner=$(stat -c %U "$registry")
+  [ "$owner" = "$(stat -c %U "${registry%/.config/tpu-rl/state-dirs}")" ] || continue
   while read -r state; do
     tool="$state/bin/preempted.py"
-    [ -f "$tool" ] && timeout 25 runuser -u "$owner" -- python3 -E -s "$tool" "$state" &
+    [ -f "$tool" ] && timeout 20 runuser -u "$owner" -- python3 -E -s "$tool" "$state" &
   done < "$registry"
 done
 wait

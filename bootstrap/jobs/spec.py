@@ -19,7 +19,7 @@ AUTOSTOP = r"^(auto|off|[1-9][0-9]{0,3}[smh])$"
 GCS = r"^(|stack|gs://[a-z0-9][a-z0-9._-]{1,221}[a-z0-9](/[^\s]*)?)$"
 NOTIFY = r"^[A-Za-z_][A-Za-z0-9_]{0,63}(:(json|slack|discord|ntfy))?$"
 WANDB = r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$"
-MLFLOW = r"^(https?://[^\s/]+(/\S*)?)?$"
+MLFLOW = r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/\S*)?)?$"
 IMAGE = r"^([a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+(:[A-Za-z0-9._-]+|@sha256:[0-9a-f]{64})?)?$"
 PATTERN_WORDS = {
     ENV_NAME: "an environment variable's name: letters, digits and _, not starting with a digit",
@@ -34,7 +34,8 @@ PATTERN_WORDS = {
     "lower-case letters, digits, -, _ and .)",
     NOTIFY: "NAME or NAME:KIND: an environment variable's name, KIND one of json, slack, discord, ntfy",
     WANDB: "empty (off) or a W&B project's name: letters, digits, ., _ and -",
-    MLFLOW: "empty (off) or an MLflow tracking server's http(s) URL, such as http://127.0.0.1:5000",
+    MLFLOW: "empty (off) or an MLflow tracking server's http(s) URL, such as http://127.0.0.1:5000, without a user or "
+    "password in it (those go in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD)",
     IMAGE: "an image reference such as us-docker.pkg.dev/PROJECT/REPO/NAME:TAG",
 }
 

@@ -40,6 +40,7 @@ def trainer_env(spec: PipelineSpec, module: str | None, run_name: str) -> dict[s
         wandb_run.PROJECT_ENV: spec.results.wandb,
         wandb_run.RUN_ENV: run_name,
         "WANDB_DIR": f"{runs if runs.startswith('/') else f'~/{runs}'}/{run_name}/wandb",
+        "WANDB_CONSOLE": "off",  # W&B would upload train's console unredacted: the log stays on the VM, redacted
     }
 
 
@@ -49,5 +50,6 @@ def optional_secrets(spec: PipelineSpec, module: str | None) -> list[str]:
 
 
 def secret_values(results: ResultsSpec) -> dict[str, str]:
-    """The W&B key set here, to store on the VM, when results.wandb is on (none: W&B logs offline there)."""
-    return {KEY: value} if results.wandb and (value := secrets.lookup(KEY)) else {}
+    """The W&B key to store on the VM when results.wandb is on: the one set here, or none (empty: a key stored
+    there before is replaced, and W&B logs offline)."""
+    return {KEY: secrets.lookup(KEY) or ""} if results.wandb else {}

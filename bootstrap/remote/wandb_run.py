@@ -21,6 +21,7 @@ PROJECT_ENV = "TPU_RL_WANDB_PROJECT"
 RUN_ENV = "TPU_RL_WANDB_RUN"
 DEFAULT_BASE_URL = "https://api.wandb.ai"
 REACH_SECONDS = 10  # a TCP connection to W&B's host: longer, and train's start waits on a network that is not there
+INIT_SECONDS = 60  # how long wandb.init may wait for W&B's answer before train goes on offline
 
 
 def _say(line: str) -> None:
@@ -64,13 +65,19 @@ def prepare(environ: MutableMapping[str, str] = os.environ, say: Callable[[str],
     def named_init(*args, **kwargs):
         kwargs.update(project=project, name=run, id=run, resume="allow")
         kwargs.pop("anonymous", None)  # tunix's "allow": logged in, or offline, it means nothing
+        kwargs["settings"] = wandb.Settings(init_timeout=INIT_SECONDS)
         try:
             return init(*args, **kwargs)
         except Exception as err:  # noqa: BLE001  any refusal: train carries on, its scalars kept here
-            if environ.get("WANDB_MODE") == "offline":
-                raise
-            offline(f"W&B refused the run ({type(err).__name__})")
+            if environ.get("WANDB_MODE") != "offline":
+                offline(f"W&B refused the run or did not answer ({type(err).__name__})")
+        try:
+            wandb.teardown()  # the refused run is still registered in wandb's service: offline, start afresh
             return init(*args, **{**kwargs, "mode": "offline"})
+        except Exception as err:  # noqa: BLE001  not even offline: no W&B run, train goes on
+            say(f"cannot log even offline ({type(err).__name__}): this run logs to TensorBoard only")
+            wandb.teardown()
+            return init(*args, **{**kwargs, "mode": "disabled"})
 
     wandb.init = named_init
     if environ.get("WANDB_MODE") != "offline":

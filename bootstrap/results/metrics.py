@@ -143,9 +143,11 @@ def loss_cost(tries: list[dict]) -> dict:
 def preemption_cost(preemptions: list[dict], losses: dict, chips: int) -> list[dict]:
     """Each preemption record (remote/preempted.py) with the chip-hours it cost: the restart that followed it,
     its steps trained again and its start-up."""
-    costed = []
+    costed, restarts = [], list(losses.get("restarts", []))
     for found in sorted(preemptions, key=lambda p: p["at"]):
-        after = next((r for r in losses.get("restarts", []) if r["begun"] >= found["at"]), None)
+        after = next((r for r in restarts if r["begun"] >= found["at"]), None)
+        if after:  # each restart is charged to one preemption only
+            restarts.remove(after)
         hours = after["minutes"] / 60 * chips if after else None
         costed.append({**found, "lost_chip_hours": None if hours is None else round(hours, 3)})
     return costed

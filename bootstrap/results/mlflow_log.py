@@ -9,7 +9,9 @@ server lacks: `fab metrics` during the run, then at its end, leaves one series w
 from __future__ import annotations
 
 import base64
+import http.client
 import json
+import math
 import os
 import re
 import time
@@ -27,8 +29,21 @@ PARAM_CHARS = 500  # the longest parameter value every MLflow server keeps
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 
 
+RUN_TAG = "tpu-rl.run"  # the run's name, which fab finds the MLflow run by (its display name may be edited)
+
+
 class MlflowError(Exception):
     """The server could not be reached or refused a call: said in one line, the run's own files unaffected."""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is refused (an HTTP error): urllib would send the Authorization header on to wherever it points."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 class Server:
@@ -54,15 +69,15 @@ class Server:
             method=method,
         )
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:
+            with _OPENER.open(request, timeout=TIMEOUT_SECONDS) as response:
                 return json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as err:
             answer = _json(err.read())
             raise MlflowError(
                 f"{path}: HTTP {err.code} {answer.get('error_code', '')} {answer.get('message', '')[:200]}".rstrip()
             ) from None
-        except (OSError, ValueError) as err:
-            raise MlflowError(f"{self.uri} cannot be reached ({getattr(err, 'reason', err)})") from None
+        except (OSError, ValueError, http.client.HTTPException) as err:
+            raise MlflowError(f"{self.uri} cannot be reached ({type(err).__name__})") from None
 
     def experiment_id(self) -> str:
         """The experiment's id, created the first time."""
@@ -79,14 +94,14 @@ class Server:
         found = self.call(
             "POST",
             "runs/search",
-            {"experiment_ids": [experiment_id], "filter": f"tags.mlflow.runName = '{name}'", "max_results": 1},
+            {"experiment_ids": [experiment_id], "filter": f"tags.`{RUN_TAG}` = '{name}'", "max_results": 1},
         )
         return (found.get("runs") or [None])[0]
 
 
 def log_run(uri: str, name: str, params: dict[str, str], series: Series, summary: dict) -> str:
     """Log the run `name` to the server at `uri`: parameters once, then every (metric, step) it lacks; the run
-    FINISHED once every job is done. Returns the run's page; raises MlflowError."""
+    FINISHED once every job is done, FAILED once one failed. Returns the run's page; raises MlflowError."""
     server = Server(uri)
     experiment_id = server.experiment_id()
     run = server.find_run(experiment_id, name)
@@ -94,27 +109,23 @@ def log_run(uri: str, name: str, params: dict[str, str], series: Series, summary
         created = server.call(
             "POST",
             "runs/create",
-            {
-                "experiment_id": experiment_id,
-                "run_name": name,
-                "start_time": _now(),
-                "tags": [_tag("tpu-rl.run", name)],
-            },
+            {"experiment_id": experiment_id, "run_name": name, "start_time": _now(), "tags": [_tag(RUN_TAG, name)]},
         )
-        run_id, latest = created["run"]["info"]["run_id"], {}
+        run = created["run"]
+    run_id = run["info"]["run_id"]
+    latest = {m["key"]: int(m.get("step", 0)) for m in run.get("data", {}).get("metrics", [])}
+    if not run.get("data", {}).get("params"):  # once: a parameter never changes (an earlier try may have failed)
         items = [{"key": _key(k), "value": str(v)[:PARAM_CHARS]} for k, v in params.items()]
         for start in range(0, len(items), PARAMS_BATCH):
             server.call("POST", "runs/log-batch", {"run_id": run_id, "params": items[start : start + PARAMS_BATCH]})
-    else:
-        run_id = run["info"]["run_id"]
-        latest = {m["key"]: int(m.get("step", 0)) for m in run.get("data", {}).get("metrics", [])}
     points = [p for p in metric_points(series, summary) if p["step"] > latest.get(p["key"], -1)]
     for start in range(0, len(points), BATCH):
         server.call("POST", "runs/log-batch", {"run_id": run_id, "metrics": points[start : start + BATCH]})
     if summary.get("result") and (line := summary["result"].get("line")):
         server.call("POST", "runs/set-tag", {"run_id": run_id, "key": "tpu-rl.result", "value": line[:PARAM_CHARS]})
-    if all(job.get("state") == "done" for job in summary.get("jobs", {}).values()):
-        server.call("POST", "runs/update", {"run_id": run_id, "status": "FINISHED", "end_time": _now()})
+    states = {job.get("state") for job in summary.get("jobs", {}).values()}
+    if ended := "FAILED" if "failed" in states else "FINISHED" if states == {"done"} else None:
+        server.call("POST", "runs/update", {"run_id": run_id, "status": ended, "end_time": _now()})
     return f"{server.uri}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
@@ -132,7 +143,7 @@ def metric_points(series: Series, summary: dict) -> list[dict]:
                 points.append(_point(f"eval/{field}", e[field], step, now))
     for prefix, numbers in (("result", summary.get("result") or {}), ("time", summary.get("time_split") or {})):
         points += [_point(f"{prefix}/{k}", v, last, now) for k, v in _numbers(numbers)]
-    return points
+    return [p for p in points if math.isfinite(p["value"])]  # JSON has no NaN: MLflow would drop the batch's rest
 
 
 def _numbers(found: dict) -> Iterator[tuple[str, float]]:

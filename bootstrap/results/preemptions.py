@@ -30,5 +30,7 @@ def last(folder: str | None) -> dict | None:
 
 
 def said(found: dict) -> str:
-    """`preempted at 14:02 UTC during train (last committed checkpoint: step 30)`."""
-    return f"preempted at {datetime.fromtimestamp(found['at'], UTC).strftime('%H:%M UTC')} {notify.during(found)}"
+    """`preempted on 2026-12-04 at 14:02 UTC during train (last committed checkpoint: step 30)`: dated, as the
+    latest record of the run may be an earlier VM's."""
+    when = datetime.fromtimestamp(found["at"], UTC).strftime("on %Y-%m-%d at %H:%M UTC")
+    return f"preempted {when} {notify.during(found)}"

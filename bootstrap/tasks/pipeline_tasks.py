@@ -20,9 +20,14 @@ RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
 DETACH_HELP = "return as soon as the pipeline runs on the VM (watch it later with the same command, or fab status)"
 
 
-def _run(c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False, recover=False) -> None:
-    """Bring the selected jobs (`only` and setup; all by default, and then the durable copies) to done on the VM."""
+def _run(
+    c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False, recover=False, opened=None
+) -> None:
+    """Bring the selected jobs (`only` and setup; all by default, and then the durable copies) to done on the VM.
+    `opened(run_name)`: told once the VM answered and the run is chosen (fab train --watch)."""
     session = open_session(c, arg or [], run_name, new_run=new_run, recover=recover, reads_states=True)
+    if opened:
+        opened(session.plan.run_name)
     from ..jobs.load import SETUP
     from ..results.publish import durable_jobs, report
     from ..vm import pipeline
@@ -75,7 +80,7 @@ def setup(c, arg=None):
         "recover": "if the stack's VM is gone or stopped, recreate it first (your `pulumi up`), then carry on",
         "probe": "first measure: convert if needed, N train steps and one eval batch, then the whole run's estimate",
         "watch": "stay attached; if the VM is lost (a Spot preemption), recreate it and carry the run on by itself",
-        "tries": f"with --watch: the most recoveries before giving up (default {recovery.TRIES})",
+        "tries": f"with --watch: the most recoveries in a row before giving up (default {recovery.TRIES})",
     },
 )
 @reports_errors
@@ -94,12 +99,17 @@ def train(
     if int(tries) < 1:
         raise UserError(f"--tries {tries}: at least 1 recovery")
     stack = not isinstance(c, Connection)  # a -H host is its owner's to recreate: only reached again
+    chosen: list[str] = []  # the run the first session chose: every recovery carries on that one
 
-    def attempt(recovering: bool) -> None:
-        if recovering:
-            _run(c, arg, run_name, "train", None, recover=stack)
+    def attempt(recovering: bool, reached) -> None:
+        def opened(name: str) -> None:
+            chosen[:] = chosen or [name]
+            reached()
+
+        if recovering and chosen:
+            _run(c, arg, chosen[0], "train", None, recover=stack, opened=opened)
         else:
-            _run(c, arg, run_name, "train", None, new_run, recover=recover)
+            _run(c, arg, run_name, "train", None, new_run, recover=recover or recovering and stack, opened=opened)
 
     from ..jobs import load
     from ..jobs.plan import check_local

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from .. import beside
-from ..errors import UserError
+from ..errors import UserError, VmUnavailable
 
 # For tests: a local stand-in of the Compute Engine API (plain http, no credentials).
 COMPUTE_API_ENV = "TPU_RL_COMPUTE_API"
@@ -60,8 +60,8 @@ def ask(what: str, permission: str, project: str, call: Callable[[], T], not_fou
         raise UserError(
             f"your Google credentials failed reading {what} ({err}): run `gcloud auth application-default login`"
         ) from None
-    except (exceptions.GoogleAPIError, requests.RequestException) as err:
-        raise UserError(f"the Compute Engine API failed reading {what}: {err}") from None
+    except (exceptions.GoogleAPIError, requests.RequestException) as err:  # the network, or the API: again later
+        raise VmUnavailable(f"the Compute Engine API failed reading {what}: {err}") from None
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,8 @@ def open_connection(conn: Connection, outputs: dict | None = None) -> Connection
         try:
             gone = compute.gone(outputs)
         except UserError as api:  # offline, or no credentials: the SSH failure is still the message
-            raise VmUnavailable(f"{failed}; whether the VM still exists is unknown: {api}") from None
+            unknown = f"{failed}; whether the VM still exists is unknown: {api}"
+            raise (VmUnavailable if isinstance(failed, VmUnavailable) else UserError)(unknown) from None
         if gone:  # an instance the stack did not make, or one waiting for capacity, is the user's to decide on
             raise (UserError if gone.foreign or gone.waiting else VmUnavailable)(str(gone)) from None
         raise
@@ -158,7 +159,7 @@ def _open(conn: Connection) -> Connection:
             sock = conn.connect_kwargs["sock"] = _socket(conn.host, conn.port, timeout)
         conn.open()
     except Unreachable as err:
-        raise UserError(f"{where}: cannot reach it ({err}); is the address right, and the VM running?") from None
+        raise VmUnavailable(f"{where}: cannot reach it ({err}); is the address right, and the VM running?") from None
     except paramiko.BadHostKeyException as err:
         raise UserError(
             f"{where}: the host key changed: expected {hostkeys.describe(err.expected_key)}, got {hostkeys.describe(err.key)}. "
@@ -176,13 +177,13 @@ def _open(conn: Connection) -> Connection:
             f"-H {DEFAULT_USER}@{conn.host}; is tpu-rl:sshPublicKey the key you log in with? pass it with -i KEY)"
         ) from None
     except (NoValidConnectionsError, ConnectionRefusedError):
-        raise UserError(
+        raise VmUnavailable(
             f"{where}: connection refused (the VM may still be booting, or sshd is not running on port {conn.port})"
         ) from None
     except socket.gaierror:
         raise UserError(f"{where}: unknown host name (check -H, or the stack's `hosts` output)") from None
     except TimeoutError:
-        raise UserError(
+        raise VmUnavailable(
             f"{where}: no answer within {timeout} s (is the VM running, and tpu-rl:sshSourceRanges open to your address?)"
         ) from None
     except (paramiko.SSHException, EOFError, OSError) as err:

@@ -29,20 +29,29 @@ def wait_before(recovery: int) -> float:
 
 
 def watch(
-    attempt: Callable[[bool], None],
+    attempt: Callable[[bool, Callable[[], None]], None],
     tries: int,
     say: Callable[[str], None],
     tell: Callable[[str, dict], None],
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
-    """Run `attempt(recovering)` until it returns; after a VmUnavailable, wait and try again as a recovery, at most
-    `tries` times. Each recovery, and giving up, is said and told."""
-    recovery = 0
+    """Run `attempt(recovering, reached)` until it returns; after a VmUnavailable, wait and try again as a recovery,
+    at most `tries` times in a row. An attempt that calls `reached()` got the run going on a VM: the next loss
+    (another preemption, hours later) starts the count and the waits afresh. Each recovery, and giving up, is said
+    and told."""
+    recovery, going = 0, [False]
+
+    def reached() -> None:
+        going[0] = True
+
     while True:
+        going[0] = False
         try:
-            attempt(recovery > 0)
+            attempt(recovery > 0, reached)
             return
         except VmUnavailable as lost:
+            if going[0]:
+                recovery = 0
             why = str(lost).split("\n")[0]
             if recovery >= tries:
                 said = f"{why}; fab train --watch gave up after {tries} recoveries (--tries)"

@@ -176,6 +176,12 @@ YAML_CASES = [
         "pipeline.yaml",
         put("results.mlflow", "localhost:5000"),
     ),
+    Case(
+        "mlflow password in its URL",
+        "without a user or password in it",
+        "pipeline.yaml",
+        put("results.mlflow", "http://me:pw@h:5000"),
+    ),
     Case("gcs empty bucket", "results.gcs:", "pipeline.yaml", put("results.gcs", "gs://")),
     Case("empty state_dir", "vm.state_dir: '' is not a plain folder", "pipeline.yaml", put("vm.state_dir", '""')),
     Case(

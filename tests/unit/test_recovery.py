@@ -11,12 +11,15 @@ from bootstrap.vm import recovery
 
 
 class Attempts:
-    """Each call fails with the next of `outcomes` (None: the run finishes)."""
+    """Each call fails with the next of `outcomes` (None: the run finishes); `reaching`: the calls (0 the first)
+    that got the run going on a VM before they failed."""
 
-    def __init__(self, *outcomes):
-        self.outcomes, self.recovering = list(outcomes), []
+    def __init__(self, *outcomes, reaching: tuple[int, ...] = ()):
+        self.outcomes, self.recovering, self.reaching = list(outcomes), [], reaching
 
-    def __call__(self, recovering: bool) -> None:
+    def __call__(self, recovering: bool, reached) -> None:
+        if len(self.recovering) in self.reaching:
+            reached()
         self.recovering.append(recovering)
         if outcome := self.outcomes.pop(0):
             raise outcome
@@ -41,6 +44,15 @@ def test_a_lost_vm_is_recovered_with_waits_that_double_until_the_run_finishes(mo
     assert [(t["state"], t["recovery"]) for t in told] == [("recovering", 1), ("recovering", 2)]
 
 
+def test_a_recovery_that_got_the_run_going_starts_the_count_afresh_at_the_next_loss(monkeypatch):
+    """Hours later another preemption: a long Spot run is not given up after its --tries-th preemption."""
+    monkeypatch.setattr(recovery, "FIRST_WAIT_SECONDS", 60.0)
+    lost = [VmUnavailable(f"preempted {n}") for n in range(4)]
+    attempts = Attempts(*lost, None, reaching=(0, 1, 2, 3))  # each recovery resumed the run, then it was lost again
+    said, _, slept = watched(attempts, tries=2)
+    assert slept == [60.0] * 4 and all("recovery 1 of 2" in line for line in said)
+
+
 def test_the_waits_stop_growing_at_half_an_hour(monkeypatch):
     monkeypatch.setattr(recovery, "FIRST_WAIT_SECONDS", 60.0)
     assert [recovery.wait_before(n) for n in (1, 5, 6, 9)] == [60.0, 960.0, 1800.0, 1800.0]
@@ -50,7 +62,7 @@ def test_after_its_tries_it_gives_up_in_one_line_and_tells_so():
     attempts = Attempts(*(VmUnavailable("no Spot capacity") for _ in range(3)))
     said, told = [], []
     with pytest.raises(UserError) as raised:
-        recovery.watch(attempts, 2, said.append, lambda text, event: told.append(event), lambda s: None)
+        recovery.watch(attempts, 2, said.append, lambda text, event: told.append(event), lambda seconds: None)
     assert str(raised.value) == "no Spot capacity; fab train --watch gave up after 2 recoveries (--tries)"
     assert not isinstance(raised.value, VmUnavailable) and len(attempts.recovering) == 3
     assert told[-1] == {"state": "gave-up", "recoveries": 2}

@@ -3,8 +3,11 @@ receiving a run as fab metrics reads it. (The W&B run itself, offline, is on the
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,6 +43,7 @@ def test_wandb_on_gives_train_the_project_this_runs_name_and_its_key_and_the_env
         wandb_run.PROJECT_ENV: "grpo-llama",
         wandb_run.RUN_ENV: "run-7",
         "WANDB_DIR": "~/tpu-rl/runs/run-7/wandb",  # the run's folder on the VM: an offline run is kept there
+        "WANDB_CONSOLE": "off",  # train's console would reach W&B unredacted
     }
     assert train["optional_secrets"] == [tracking.KEY] and tracking.KEY not in train["secrets"]
     assert built.spec.environment.packages == ["maxtext[tpu-post-train]==0.2.3", tracking.WANDB_PACKAGE]
@@ -67,13 +71,14 @@ def test_a_wandb_the_user_pins_is_kept_and_not_added_twice(tmp_path):
 def test_the_key_goes_to_the_vm_only_when_set_and_wandb_is_on(tmp_path, monkeypatch):
     on = planned(jobs_with(tmp_path, wandb="p")).spec.results
     monkeypatch.delenv(tracking.KEY, raising=False)
-    assert tracking.secret_values(on) == {}
+    assert tracking.secret_values(on) == {tracking.KEY: ""}  # replaces a key stored before: offline, as said
     monkeypatch.setenv(tracking.KEY, KEY)
     assert tracking.secret_values(on) == {tracking.KEY: KEY}
     assert tracking.secret_values(on.model_copy(update={"wandb": ""})) == {}
 
 
 def test_train_gets_an_optional_secret_only_where_the_vm_holds_it(tmp_path):
+    """(An empty one, stored when the key is not set here, replaces a key stored before: train gets "", offline.)"""
     folder = tmp_path / "secrets"
     folder.mkdir()
     (folder / "HF_TOKEN").write_text("hf_x\n")
@@ -119,12 +124,16 @@ def test_mlflow_receives_the_run_once_and_later_steps_only_once(mlflow_server, m
     run FINISHED only when every job is done, the result as numbers and as its line."""
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-123")  # a server without auth ignores it
     running = {"jobs": {"train": {"state": "running"}}, "evals": EVALS, "result": None, "time_split": None}
-    page = mlflow_log.log_run(mlflow_server, "run-a", {"run": "run-a", "train.learning_rate": "3e-4"}, SERIES, running)
+    diverged = {**SERIES, "actor/train/loss": {1: float("nan"), 2: 0.3}}  # JSON has no NaN: left out, nothing else
+    page = mlflow_log.log_run(
+        mlflow_server, "run-a", {"run": "run-a", "train.learning_rate": "3e-4"}, diverged, running
+    )
     assert page.startswith(f"{mlflow_server}/#/experiments/")
     first = mlflowserver.logged(mlflow_server, "run-a")
     assert first["run"]["info"]["status"] == "RUNNING"
     assert first["history"]["rewards/train/score/mean"] == {1: 0.25, 2: 0.5}
     assert first["history"]["eval/accuracy"] == {0: 10.0, 2: 20.0}
+    assert first["history"]["actor/train/loss"] == {2: 0.3}
 
     series = {tag: {**values, 3: values[2] * 2} for tag, values in SERIES.items()}
     evals = [*EVALS, {"phase": "post", "step": None, "accuracy": 40.0, "format_accuracy": 90.0, "mean_reward": 0.4}]
@@ -141,6 +150,12 @@ def test_mlflow_receives_the_run_once_and_later_steps_only_once(mlflow_server, m
     assert {t["key"]: t["value"] for t in data["tags"]}["tpu-rl.result"] == result["line"]
 
 
+def test_a_failed_run_is_failed_in_mlflow(mlflow_server):
+    failed = {"jobs": {"train": {"state": "failed"}, "convert": {"state": "done"}}, "evals": []}
+    mlflow_log.log_run(mlflow_server, "run-f", {"run": "run-f"}, SERIES, failed)
+    assert mlflowserver.logged(mlflow_server, "run-f")["run"]["info"]["status"] == "FAILED"
+
+
 def test_an_mlflow_server_out_of_reach_is_one_line_without_its_credentials(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-456")
     with socket.socket() as closed:
@@ -150,3 +165,66 @@ def test_an_mlflow_server_out_of_reach_is_one_line_without_its_credentials(monke
             mlflow_log.log_run(url, "run-b", {}, SERIES, {"jobs": {}})
     said = str(raised.value)
     assert said.startswith(f"{url} cannot be reached") and "\n" not in said and "mlflow-token" not in said
+
+
+REFUSED_RUN = """
+import sys
+from bootstrap.remote import wandb_run
+assert wandb_run.prepare()
+import wandb
+run = wandb.init(project="tunix", name="2026-12-04_12-00-00", anonymous="allow")  # as tunix's metrax backend calls it
+for step in range(3):
+    wandb.log({"rewards/train/score/mean": step / 2}, step=step)
+print("found:", run.id, run.name, run.project, run.settings.mode)
+wandb.finish()
+"""
+
+
+class Refusing:
+    """A W&B server that refuses every key (401), as W&B answers a revoked one."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def refuse(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = b'{"errors": [{"message": "user is not logged in"}]}'
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = refuse
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+
+def test_a_key_w_and_b_refuses_never_stops_train_it_logs_offline_under_the_runs_name(tmp_path):
+    """wandb.init raises on a refused key, and tunix calls it unguarded: train would die. It goes on offline."""
+    refusing = Refusing()
+    env = {
+        **os.environ,
+        wandb_run.PROJECT_ENV: "grpo",
+        wandb_run.RUN_ENV: "run-7",
+        "WANDB_DIR": str(tmp_path),
+        tracking.KEY: "0123456789abcdef" * 2 + "01234567",  # a key of W&B's shape, refused
+        "WANDB_BASE_URL": refusing.url,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED_RUN], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    refusing.server.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    (found,) = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("found:")]
+    assert found == ["run-7", "run-7", "grpo", "offline"]
+    assert "[tpu-rl] W&B: W&B refused the run or did not answer" in done.stderr
+    assert list(tmp_path.glob("wandb/offline-run-*-run-7/run-run-7.wandb"))
+    assert env[tracking.KEY] not in done.stdout + done.stderr
