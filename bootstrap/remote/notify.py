@@ -75,26 +75,14 @@ def send(url: str, kind: str, message: str, event: dict) -> dict:
 
 
 def _post(made: urllib.request.Request) -> int:
-    """One try, whole within TIMEOUT_SECONDS: urlopen's own timeout bounds each read, not an answer trickled a
-    byte at a time, so the try runs in a thread left behind (a daemon) once its time is up."""
-    answer: list = []
+    """One try, whole within TIMEOUT_SECONDS (however slowly the receiver trickles its answer)."""
 
-    def post() -> None:
-        try:
-            with urllib.request.urlopen(made, timeout=TIMEOUT_SECONDS) as response:
-                response.read(READ_BYTES)  # what a receiver says back is not kept: a stream never fills memory
-                answer.append(response.status)
-        except BaseException as err:  # noqa: BLE001 - handed to the caller as is
-            answer.append(err)
+    def post() -> int:
+        with urllib.request.urlopen(made, timeout=TIMEOUT_SECONDS) as response:
+            response.read(READ_BYTES)  # what a receiver says back is not kept: a stream never fills memory
+            return response.status
 
-    worker = threading.Thread(target=post, daemon=True)
-    worker.start()
-    worker.join(TIMEOUT_SECONDS)
-    if not answer:
-        raise TimeoutError(f"no whole answer within {TIMEOUT_SECONDS:g} s")
-    if isinstance(answer[0], BaseException):
-        raise answer[0]
-    return answer[0]
+    return retry.within(post, TIMEOUT_SECONDS)
 
 
 def _reason(err: BaseException) -> str:

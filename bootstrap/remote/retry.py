@@ -23,6 +23,29 @@ BACKOFF_SECONDS = float(os.environ.get("TPU_RL_RETRY_BACKOFF_SECONDS", "1"))
 T = TypeVar("T")
 
 
+def within(call: Callable[[], T], seconds: float) -> T:
+    """`call()`'s result, whole within `seconds`: a socket's timeout bounds each read, not an answer trickled a
+    byte at a time, so the call runs in a thread left behind (a daemon) once its time is up (TimeoutError)."""
+    import threading
+
+    answer: list = []
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except BaseException as err:  # noqa: BLE001 - handed to the caller as is
+            answer.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not answer:
+        raise TimeoutError(f"no whole answer within {seconds:g} s")
+    if isinstance(answer[0], BaseException):
+        raise answer[0]
+    return answer[0]
+
+
 def may_pass(err: BaseException) -> bool:
     """A 429 or 5xx, a dropped or cut connection (a TLS error is an OSError), a timeout, a half answer, or
     an answer that is not JSON (a proxy's error page); not a certificate that fails verification."""

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, replace
 from ..errors import Problem, UserError
 from ..jobs import accelerator as chips_of
 from ..jobs import schema
-from ..jobs.load import CHECKPOINTS_PER_RUN
 from ..jobs.plan import Plan
+from ..remote import gcs
 from . import prices, rates
 from .runs import RunRecord, all_records
 
@@ -56,17 +56,11 @@ class Estimate:
     idle_s: int | None = None  # how long the VM idles after the run before autostop; None: it does not stop
     idle_why: str = ""
     on_demand: float | None = None  # a Spot run's chip-hour on demand: what the same run would cost there
+    preemption: tuple[float, float] = (0.0, 0.0)  # what one preemption costs at most, in seconds (`_preemption`)
+    preemption_why: str = ""
 
     def preemption_s(self) -> tuple[float, float]:
-        """What one preemption costs at most: train's work since its last checkpoint (a tenth of it, the shipped
-        checkpoint_period), and on the new VM the environment and the checks again (prefetch and convert are kept
-        in the bucket)."""
-        by_name = {s.name: s for s in self.stages}
-        low = high = 0.0
-        for name, share in (("setup", 1.0), ("validate", 1.0), ("train", 1 / CHECKPOINTS_PER_RUN)):
-            if (stage := by_name.get(name)) and stage.low_s is not None:
-                low, high = low + stage.low_s * share, high + stage.high_s * share
-        return low, high
+        return self.preemption
 
     def spot_lines(self) -> list[str]:
         """For a Spot run: the same run on demand, and what each preemption costs."""
@@ -78,7 +72,8 @@ class Estimate:
             f"  on demand      ${low_h * self.on_demand:,.2f}-${high_h * self.on_demand:,.2f} the same, at "
             f"{dollars(self.on_demand)} a chip-hour",
             f"  a preemption   up to {span(*self.preemption_s())} more: {lost_low:.2f}-{lost_high:.2f} chip-hours, "
-            f"${lost_low * self.price:,.2f}-${lost_high * self.price:,.2f} each (fab train --watch recovers by itself)",
+            f"${lost_low * self.price:,.2f}-${lost_high * self.price:,.2f} each ({self.preemption_why}; fab train "
+            "--watch recovers by itself)",
         ]
 
     def _span(self, end: str) -> float:
@@ -307,6 +302,7 @@ def estimate(
         stages.append(replace(_copies(plan, record), needs=("export",)))
     price = prices.price(chip_name(plan), provisioning, zone, plan.spec.vm.price_per_chip_hour)
     on_demand = prices.price(chip_name(plan), "STANDARD", zone, None).per_chip_hour if provisioning == "SPOT" else None
+    preemption, why = _preemption(plan, stages)
     chips = max(1, plan.accelerator.chips)
     name = record.name if record else ""
     return Estimate(
@@ -320,7 +316,35 @@ def estimate(
         idle[0],
         idle[1],
         on_demand,
+        preemption,
+        why,
     )
+
+
+def _preemption(plan: Plan, stages: list[Stage]) -> tuple[tuple[float, float], str]:
+    """What one preemption costs at most, and why. With the model and checkpoints in a bucket: a new VM's
+    environment and checks (as on a VM that never had them) and train's steps since its last checkpoint (its
+    checkpoint_period); without: every job before train again, and train from step 0."""
+    kept = gcs.is_gcs(plan.durable_dir)
+    train = next((s for s in stages if s.name == "train"), None)
+    low = high = 0.0
+    for job in plan.jobs:
+        share, stage = 1.0, train
+        if job.name == "train" and job.rendered is not None and job.rendered.progress:
+            steps = max(1, job.rendered.progress["total_steps"])
+            share = min(1.0, work(job.rendered.argv[3:])["checkpoint_period"] / steps) if kept else 1.0
+        elif job.name in ("setup", "validate") or not kept and job.name in ("prefetch", "convert"):
+            stage = _uncalibrated(plan, job)
+        else:
+            continue
+        if stage is not None and stage.low_s is not None:
+            low, high = low + stage.low_s * share, high + stage.high_s * share
+    why = (
+        "a new VM's setup and checks, and train since its last checkpoint"
+        if kept
+        else ("no bucket (results.gcs): every job again, train from step 0")
+    )
+    return (low, high), why
 
 
 def _duration(record: RunRecord, name: str) -> float | None:

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+from ..remote import retry
 from .metrics import Series
 
 EXPERIMENT = "tpu-rl"  # unless MLFLOW_EXPERIMENT_NAME says another, as MLflow's own client reads it
@@ -69,8 +70,7 @@ class Server:
             method=method,
         )
         try:
-            with _OPENER.open(request, timeout=TIMEOUT_SECONDS) as response:
-                return json.loads(response.read() or b"{}")
+            return json.loads(retry.within(lambda: _read(request), TIMEOUT_SECONDS) or b"{}")  # however slow
         except urllib.error.HTTPError as err:
             answer = _json(err.read())
             raise MlflowError(
@@ -127,6 +127,11 @@ def log_run(uri: str, name: str, params: dict[str, str], series: Series, summary
     if ended := "FAILED" if "failed" in states else "FINISHED" if states == {"done"} else None:
         server.call("POST", "runs/update", {"run_id": run_id, "status": ended, "end_time": _now()})
     return f"{server.uri}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _read(request: urllib.request.Request) -> bytes:
+    with _OPENER.open(request, timeout=TIMEOUT_SECONDS) as response:
+        return response.read()
 
 
 def metric_points(series: Series, summary: dict) -> list[dict]:

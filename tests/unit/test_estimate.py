@@ -243,11 +243,25 @@ def test_a_spot_run_is_set_against_the_same_run_on_demand_and_each_preemption_ha
         round(spot.chip_hours()[1] * 2.70, 2),
     ]
     assert f"on demand      ${hours[0] * 2.70:,.2f}-${hours[1] * 2.70:,.2f} the same, at $2.70 a chip-hour" in said
-    stages = {s.name: s for s in spot.stages}  # a preemption: setup and the checks again, a tenth of train
-    low = stages["setup"].low_s + stages["validate"].low_s + stages["train"].low_s / 10
-    high = stages["setup"].high_s + stages["validate"].high_s + stages["train"].high_s / 10
-    assert spot.preemption_s() == pytest.approx((low, high))
+    stages = {s.name: s for s in spot.stages}  # no bucket: every job before train again, and train from step 0
+    again = ("setup", "validate", "prefetch", "convert", "train")
+    assert spot.preemption_s() == pytest.approx(
+        (sum(stages[n].low_s for n in again), sum(stages[n].high_s for n in again))
+    )
+    low, high = spot.preemption_s()
     assert f"{low / 3600 * 8:.2f}-{high / 3600 * 8:.2f} chip-hours, ${low / 3600 * 8 * 0.544:,.2f}-" in said
+    assert "no bucket (results.gcs): every job again, train from step 0" in said
+    kept = estimate.estimate(
+        plan_for("vars.durable_dir=gs://b/p/m", "train.checkpoint_period=25"), "SPOT", "us-central1-a"
+    )
+    stages = {s.name: s for s in kept.stages}  # a bucket: a new VM's setup and checks, train since its checkpoint
+    share = 25 / 50  # the run's own checkpoint period, of its 50 steps
+    assert kept.preemption_s() == pytest.approx(
+        (
+            stages["setup"].low_s + stages["validate"].low_s + stages["train"].low_s * share,
+            stages["setup"].high_s + stages["validate"].high_s + stages["train"].high_s * share,
+        )
+    )
     standard = "\n".join(estimate.estimate(plan_for(), "STANDARD", "us-central1-a").lines())
     assert "a preemption" not in standard and "on demand   " not in standard
 
