@@ -113,11 +113,16 @@ def train(
 
     from ..jobs import load
     from ..jobs.plan import check_local
-    from ..results.runs import current_run
 
     notify_entries = check_local(load.read(jobs_dir()), arg or []).spec.results.notify
     tell = recovery.teller(notify_entries, console.print)
-    recovery.watch(attempt, int(tries), console.print, lambda text, event: tell(text, {**event, "run": current_run()}))
+    # the run the watch carries on, not this machine's current-run file (another fab may have changed it)
+    recovery.watch(
+        attempt,
+        int(tries),
+        console.print,
+        lambda text, event: tell(text, {**event, "run": chosen[0] if chosen else run_name or ""}),
+    )
 
 
 def _probe(c, arg: list[str], steps: int, run_name: str | None) -> None:
