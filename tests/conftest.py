@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests import computestub, gcsemulator, gcslayer, mlflowserver
+from tests import computestub, gcsemulator, gcslayer
 
 RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
 
@@ -50,6 +50,9 @@ def compute():
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server's URL (tests/mlflowserver.py)."""
+    """A real MLflow tracking server's URL (tests/mlflowserver.py; imported here: the TPU tier's venv has no
+    matplotlib, which the MLflow logger's module brings)."""
+    from tests import mlflowserver
+
     with mlflowserver.server(tmp_path_factory.mktemp("mlflow")) as url:
         yield url

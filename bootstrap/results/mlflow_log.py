@@ -18,9 +18,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from ..remote import retry
-from .metrics import Series
+
+if TYPE_CHECKING:  # metrics imports matplotlib and TensorBoard: only its type here
+    from .metrics import Series
 
 EXPERIMENT = "tpu-rl"  # unless MLFLOW_EXPERIMENT_NAME says another, as MLflow's own client reads it
 TIMEOUT_SECONDS = 30
