@@ -38,7 +38,12 @@ class UserError(Exception):
 class VmUnavailable(UserError):
     """The VM cannot serve the run now: the connection broke, the VM is gone or stopped (preempted, deleted,
     autostopped), or it could not be made again yet (Spot capacity short). `fab train --watch` recovers from
-    these; every other command says it, with the fix."""
+    these and says the `reason` alone; every other command says it with the `advice` (the command that carries
+    on, which the watch is already doing)."""
+
+    def __init__(self, reason: str, advice: str = ""):
+        super().__init__(reason + advice)  # `advice` as it reads after the reason, its punctuation included
+        self.reason = reason
 
 
 class StoppedWatching(Exception):

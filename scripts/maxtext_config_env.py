@@ -18,6 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's bootstrap
+from bootstrap.demo import cpu  # noqa: E402
+
 DEFAULT_VERSION = "0.2.3"
 CONFIG_IMPORTS = [
     "jax==0.12.0.1",
@@ -42,15 +45,11 @@ CACHE = Path.home() / ".cache" / "tpu-rl"
 
 
 def python312() -> str:
-    """A Python 3.12: python3.12 on PATH, else pyenv's."""
-    found = shutil.which("python3.12")
-    if found and subprocess.run([found, "-V"], capture_output=True).returncode == 0:
-        return found
-    prefix = subprocess.run(["pyenv", "prefix", "3.12"], capture_output=True, text=True).stdout.strip()
-    candidate = Path(prefix.splitlines()[-1] if prefix else "/nonexistent") / "bin" / "python3.12"
-    if not candidate.exists():
+    """A Python 3.12 that runs (bootstrap/demo/cpu.py says where it looks)."""
+    found = cpu.real_python("3.12")
+    if found is None:
         raise SystemExit("needs a Python 3.12: put python3.12 on PATH or run `pyenv install 3.12`")
-    return str(candidate)
+    return found
 
 
 def uv() -> str:

@@ -43,11 +43,11 @@ def server(folder: Path) -> Iterator[str]:
         process.wait(timeout=60)
 
 
-def logged(url: str, name: str) -> dict:
-    """The run `name` as the server holds it: {"run": its info and data, "history": key -> step -> value}."""
+def logged(url: str, identity: str) -> dict:
+    """The run of this identity as the server holds it: {"run": its info and data, "history": key -> step -> value}."""
     tracking = mlflow_log.Server(url, {})
-    run = tracking.find_run(tracking.experiment_id(), name)
-    assert run is not None, f"no run {name} on {url}"
+    run = tracking.find_run(tracking.experiment_id(), identity)
+    assert run is not None, f"no run {identity} on {url}"
     history = {}
     for metric in run["data"].get("metrics", []):
         query = f"?run_id={run['info']['run_id']}&metric_key={urllib.request.quote(metric['key'], safe='')}"

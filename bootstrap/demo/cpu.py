@@ -3,11 +3,14 @@ the inputs' paths and the CPU sampler. One place for `fab demo` and the CPU tier
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 from . import REQUIREMENTS, SHIM
 
 VERSION = "0.2.3"  # the MaxText the demo runs (the shipped jobs' pin)
+PYTHON = "3.12"  # MaxText's least
 TUNIX = "0.1.7"  # PyPI's newest google-tunix, installed without its dependencies (no vLLM: the CPU sampler)
 # The tiny model's widths: the converters take head_dim and the layer count (32) from their 8B table.
 TINY = (
@@ -66,3 +69,17 @@ def model_overrides(inputs: Path) -> list[str]:
         f"convert.env.PYTHONPATH={SHIM}",  # a gs:// folder made as TensorFlow's gfile makes it
         "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's
     ]
+
+
+def real_python(version: str = PYTHON) -> str | None:
+    """A Python `version` that runs: pythonX.Y on PATH when it answers (a pyenv shim whose active version is another
+    does not), else pyenv's own install of it; None when there is neither (uv then fetches one)."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-V"], capture_output=True).returncode == 0:
+        return found
+    try:
+        prefix = subprocess.run(["pyenv", "prefix", version], capture_output=True, text=True).stdout.strip()
+    except OSError:  # no pyenv
+        return None
+    candidate = Path(prefix.splitlines()[-1] if prefix else "/nonexistent") / "bin" / f"python{version}"
+    return str(candidate) if candidate.exists() else None

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
-from ..paths import REPO
+from ..paths import JOBS_ENV, REPO, RUNS_ENV
 from . import MAKE_LEARNABLE_INPUTS, cpu
 
 ROOT_ENV = "TPU_RL_DEMO"  # where the demo's folder is (default ~/.cache/tpu-rl/demo)
@@ -55,6 +55,14 @@ class Folder:
     def default(cls) -> Folder:
         return cls(Path(os.environ.get(ROOT_ENV) or Path.home() / ".cache" / "tpu-rl" / "demo").expanduser().absolute())
 
+    @classmethod
+    def ran(cls) -> Folder:
+        """The default folder, once a demo has run in it; else one line saying that fab demo runs one."""
+        folder = cls.default()
+        if not (folder.root / MARKER).exists():
+            raise UserError(f"no demo has run here ({folder.root} holds none): fab demo runs one")
+        return folder
+
     @property
     def jobs(self) -> Path:
         return self.root / "jobs"
@@ -78,6 +86,15 @@ class Folder:
     @property
     def startup_marker(self) -> Path:
         return self.root / "startup.done"  # this machine has no startup script to wait for
+
+
+def use(folder: Folder) -> dict[str, str]:
+    """Point this fab at the demo's jobs and runs (in its folder), and return what its commands see as the VM's
+    environment: MACHINE_ENV, and a Python 3.12 that runs first on PATH where this machine has one (a pyenv shim of
+    another version would leave uv to download one)."""
+    os.environ[JOBS_ENV], os.environ[RUNS_ENV] = str(folder.jobs), str(folder.runs)
+    python = cpu.real_python()
+    return {**MACHINE_ENV, **({"PATH": str(Path(python).parent)} if python else {})}
 
 
 def claim(folder: Folder) -> None:

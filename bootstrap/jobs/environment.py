@@ -79,7 +79,10 @@ def setup_script(env: EnvironmentSpec, ready_file: str, cache: tuple[str, str] |
         "    exit 1",
         "  fi",
         f"  step Python {q(env.python)}",
-        f"  uv python find {q(env.python)} >/dev/null 2>&1 || uv python install {q(env.python)}",
+        f"  if ! uv python find {q(env.python)} >/dev/null; then",  # uv's own reason stays in the log
+        f"    step no Python {q(env.python)} uv can use here '(its reason above)': uv installs one",
+        f"    uv python install {q(env.python)}",
+        "  fi",
         f"  step virtualenv {q(env.venv_path)}",
         # --seed: install_tpu_post_train_extra_deps runs `python -m pip install uv`.
         f"  uv venv --clear --seed --python {q(env.python)} {venv}",

@@ -18,6 +18,7 @@ Standard library only: it runs on the VM and in a gke pod, with the job's own py
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -133,6 +134,23 @@ def read_records(folder: str) -> list[str]:
         with open(os.path.join(folder, name), errors="replace") as f:
             texts.append(f.read())
     return texts
+
+
+def record_names(folder: str) -> list[str]:
+    """The names of the records in `folder` (in the bucket, or on disk), without their folder."""
+    if gcs.is_gcs(folder):
+        return [name.rsplit("/", 1)[-1] for name in gcs.names(f"{folder.rstrip('/')}/")]
+    folder = os.path.expanduser(folder)
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def run_identity(names: list[str]) -> str | None:
+    """The run's identity in the trackers (its W&B run id, its MLflow run's tag), from the name of its first start's
+    record (when and on which host it began, to the nanosecond): no other run has it, another stack's or user's of
+    the same name included, and a run resumed on a new VM keeps it (the records are beside the checkpoints, in the
+    bucket with results.gcs). None before train first started."""
+    starts = sorted(name for name in names if name.endswith(".json"))
+    return hashlib.sha256(starts[0].encode()).hexdigest()[:16] if starts else None
 
 
 def parse(texts: list[str]) -> list[dict]:

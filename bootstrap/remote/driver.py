@@ -527,8 +527,9 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
     """
     plan = json.loads(plan_text)
     os.makedirs(layout.pipeline, mode=0o700, exist_ok=True)
-    with contextlib.suppress(OSError):  # a preemption then goes unrecorded; the pipeline is not stopped for it
-        preempted.register(layout)
+    if plan.get("register_preemptions", True):
+        with contextlib.suppress(OSError):  # a preemption then goes unrecorded; the pipeline is not stopped for it
+            preempted.register(layout)
     with open(_path(layout, START_LOCK), "a+") as serial:
         fcntl.flock(serial, fcntl.LOCK_EX)  # one start at a time decides
         touch_seen(layout)

@@ -28,6 +28,7 @@ EVALS = "evals"  # the log of the job that evaluates (train's), on the VM
 EXPORT = "export"  # the export's SHA256SUMS on the VM
 CHECKPOINTS = "checkpoints"  # the folder of the run's checkpoints (its steps in it)
 ATTEMPTS = "attempts"  # each start's record (attempts.py)
+PREEMPTIONS = "preemptions"  # each preemption's record (preempted.py)
 RECORDS = "records"  # a job's record of done, beside its outputs in the bucket
 COPIES = "copies"  # the SHA256SUMS of each durable copy of the export in the bucket
 SPEC_KEYS = ("argv", "env")  # what of a planned job fab compares with what jobs/ renders now
@@ -119,14 +120,16 @@ def _trusted_export(sums: str, job: dict | None) -> str | None:
 
 
 def in_bucket(places: dict, placeholder: str) -> dict[str, dict]:
-    """By run: the committed checkpoint steps, the trainer's starts, the jobs recorded done and the export's
-    copies that the places name in the bucket (the shortest prefix listed first: the others are read from it)."""
+    """By run: the committed checkpoint steps, the trainer's starts, its preemptions, the jobs recorded done and the
+    export's copies that the places name in the bucket (the shortest prefix listed first: the others are read from it)."""
     listing, found = Listing(), {}
 
     def note(run: str, key: str, value) -> None:
-        found.setdefault(run, {"steps": [], "attempts": [], "records": {}, "copies": []})[key] = value
+        found.setdefault(run, {"steps": [], "attempts": [], "preemptions": [], "records": {}, "copies": []})[key] = (
+            value
+        )
 
-    pairs = [(key, place) for key in (CHECKPOINTS, ATTEMPTS, COPIES) if (place := places.get(key))]
+    pairs = [(key, place) for key in (CHECKPOINTS, ATTEMPTS, PREEMPTIONS, COPIES) if (place := places.get(key))]
     pairs += [(RECORDS, place) for place in places.get(RECORDS) or []]
     in_the_bucket = [(key, place) for key, place in pairs if gcs.is_gcs(place)]  # what is on disk is the VM's
     for key, place in sorted(in_the_bucket, key=lambda pair: len(pair[1].partition(placeholder)[0])):
@@ -135,6 +138,9 @@ def in_bucket(places: dict, placeholder: str) -> dict[str, dict]:
                 note(run, "steps", jobrunner.finished_steps(place.replace(placeholder, run), listing))
             elif key == ATTEMPTS:
                 note(run, "attempts", attempts.parse([(_read(n) or b"").decode(errors="replace") for n in names]))
+            elif key == PREEMPTIONS:
+                kept = [{k: r.get(k) for k in ("at", "committed_step")} for n in names if (r := _json(_read(n)))]
+                note(run, "preemptions", sorted(kept, key=lambda r: r["at"] or 0))
             elif key == COPIES:
                 note(run, "copies", [name.rsplit("/", 1)[0] for name in names])
             else:

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
     attempts.record_start(dict(os.environ))
     attempts.EvalRecorder.install(dict(os.environ))
-    wandb_run.prepare()
+    wandb_run.prepare(run_id=_run_identity())
     steady_grader_pool()
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -91,6 +91,15 @@ def main(argv: list[str]) -> None:
     finally:
         if close_grader_pool():
             print(f"[tpu-rl] closed MaxText's math_verify grader pool so that {module} can exit", file=sys.stderr)
+
+
+def _run_identity() -> str | None:
+    """The run's identity from its first start's record (attempts.run_identity); None without one."""
+    folder = os.environ.get(attempts.DIR_ENV, "").rstrip("/")
+    try:
+        return attempts.run_identity(attempts.record_names(folder)) if folder else None
+    except Exception:  # noqa: BLE001 - a storage error: W&B then logs this start as a run of its own, said
+        return None
 
 
 def _pool_open() -> bool:

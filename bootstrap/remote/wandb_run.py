@@ -3,9 +3,10 @@
 tunix (MaxText's RL trainer) logs every scalar to W&B whenever `wandb` imports: metrax's WandbBackend calls
 wandb.init with the project "tunix" and a timestamp as the run's name, arguments that beat W&B's own environment
 variables. With results.wandb on, fab sets the two variables below and the launcher (maxtext_run.py) calls
-`prepare`: wandb.init then takes this project, this run's name (also its id, so a later start of the same run,
-on this VM or a new one, carries on the same W&B run), and falls back to offline mode, said once, when no key was
-given, W&B cannot be reached, or it refuses the run. Offline runs stay in WANDB_DIR (`wandb sync` sends them).
+`prepare`: wandb.init then takes this project, this run's name, and the run's identity as its id (a later start
+of the same run, on this VM or a new one, carries on the same W&B run; another run of the same name, another
+stack's or user's, never does), and falls back to offline mode, said once, when no key was given, W&B cannot be
+reached, or it refuses the run. Offline runs stay in WANDB_DIR (`wandb sync` sends them).
 Stdlib only.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Callable, MutableMapping
 from urllib.parse import urlsplit
 
@@ -39,12 +41,18 @@ def unreachable(base_url: str, timeout: float = REACH_SECONDS) -> str | None:
     return None
 
 
-def prepare(environ: MutableMapping[str, str] = os.environ, say: Callable[[str], None] = _say) -> bool:
-    """Name train's W&B run after this run and make it fall back to offline mode; False when W&B is off or not
-    installed (tunix then logs nowhere but TensorBoard)."""
+def prepare(
+    environ: MutableMapping[str, str] = os.environ, say: Callable[[str], None] = _say, run_id: str | None = None
+) -> bool:
+    """Name train's W&B run after this run, its id the run's identity (`run_id`: attempts.run_identity, which no
+    other run of the same name has), and make it fall back to offline mode; False when W&B is off or not installed
+    (tunix then logs nowhere but TensorBoard)."""
     project, run = environ.get(PROJECT_ENV), environ.get(RUN_ENV)
     if not project or not run:
         return False
+    if run_id is None:
+        run_id = uuid.uuid4().hex[:16]
+        say("no record of this run's first start: this start is logged as a W&B run of its own")
     try:
         import wandb
     except ImportError:
@@ -63,7 +71,7 @@ def prepare(environ: MutableMapping[str, str] = os.environ, say: Callable[[str],
     init = wandb.init
 
     def named_init(*args, **kwargs):
-        kwargs.update(project=project, name=run, id=run, resume="allow")
+        kwargs.update(project=project, name=run, id=run_id, resume="allow")
         kwargs.pop("anonymous", None)  # tunix's "allow": logged in, or offline, it means nothing
         kwargs["settings"] = wandb.Settings(init_timeout=INIT_SECONDS)
         try:

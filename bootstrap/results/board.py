@@ -11,14 +11,34 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import UserError
 from .transfer import Source, inside
 
 READY_SECONDS = 120
+STOP_SECONDS = 5  # TensorBoard's own exit after SIGTERM, before it is killed
+
+
+def serve(server: subprocess.Popen, copy: Callable[[], None], every: float) -> None:
+    """Call `copy` every `every` s while `server` runs; returns when it ends, raises KeyboardInterrupt at Ctrl-C. The
+    copies run in a daemon thread: one in flight (an SFTP read from a VM that stopped answering) never holds fab's
+    exit."""
+    stopped = threading.Event()
+
+    def copying() -> None:
+        while not stopped.wait(every):
+            copy()
+
+    threading.Thread(target=copying, daemon=True).start()
+    try:
+        server.wait()
+    finally:
+        stopped.set()
 
 
 def sync(source: Source, directory: str, local: Path) -> int:
@@ -79,7 +99,7 @@ class TensorBoard:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=STOP_SECONDS)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

@@ -42,6 +42,7 @@ class Stage:
     high_s: float | None
     source: str
     needs: tuple[str, ...] = ()  # what it waits for: jobs side by side take the longer one's time
+    startup: tuple[float, float] | None = None  # train's: what each of its starts pays again (low, high seconds)
 
 
 @dataclass(frozen=True)
@@ -323,24 +324,27 @@ def estimate(
 
 def _preemption(plan: Plan, stages: list[Stage]) -> tuple[tuple[float, float], str]:
     """What one preemption costs at most, and why. With the model and checkpoints in a bucket: a new VM's
-    environment and checks (as on a VM that never had them) and train's steps since its last checkpoint (its
-    checkpoint_period); without: every job before train again, and train from step 0."""
+    environment and checks (as on a VM that never had them), train's whole start-up again (loading, compiling, the
+    eval before training) and its steps since its last checkpoint (its checkpoint_period); without: every job before
+    train again, and train from step 0."""
     kept = gcs.is_gcs(plan.durable_dir)
     train = next((s for s in stages if s.name == "train"), None)
     low = high = 0.0
     for job in plan.jobs:
-        share, stage = 1.0, train
-        if job.name == "train" and job.rendered is not None and job.rendered.progress:
+        if job.name == "train" and job.rendered is not None and job.rendered.progress and train is not None:
+            if train.low_s is None:
+                continue
             steps = max(1, job.rendered.progress["total_steps"])
             share = min(1.0, work(job.rendered.argv[3:])["checkpoint_period"] / steps) if kept else 1.0
+            fixed = train.startup or (0.0, 0.0)  # a whole start again, then the steps since the last checkpoint
+            low += fixed[0] + (train.low_s - fixed[0]) * share
+            high += fixed[1] + (train.high_s - fixed[1]) * share
         elif job.name in ("setup", "validate") or not kept and job.name in ("prefetch", "convert"):
             stage = _uncalibrated(plan, job)
-        else:
-            continue
-        if stage is not None and stage.low_s is not None:
-            low, high = low + stage.low_s * share, high + stage.high_s * share
+            if stage.low_s is not None:
+                low, high = low + stage.low_s, high + stage.high_s
     why = (
-        "a new VM's setup and checks, and train since its last checkpoint"
+        "a new VM's setup and checks, train's start-up again and its steps since the last checkpoint"
         if kept
         else ("no bucket (results.gcs): every job again, train from step 0")
     )
@@ -396,7 +400,8 @@ def _train(job, record: RunRecord) -> Stage:
     seconds = fixed + steps * step_s + evals_of(steps, now) * eval_s
     why = f"run {record.name}'s start-up {fixed:.0f} s, {steps} steps x {step_s:.2f} s, "
     why += f"{evals_of(steps, now)} evals x {eval_s:.0f} s"
-    return Stage("train", seconds * (1 - CALIBRATED_SPREAD), seconds * (1 + CALIBRATED_SPREAD), why)
+    startup = (fixed * (1 - CALIBRATED_SPREAD), fixed * (1 + CALIBRATED_SPREAD))
+    return Stage("train", seconds * (1 - CALIBRATED_SPREAD), seconds * (1 + CALIBRATED_SPREAD), why, startup=startup)
 
 
 def _copies(plan: Plan, record: RunRecord | None) -> Stage:
@@ -421,14 +426,16 @@ def _uncalibrated(plan: Plan, job) -> Stage:
     if job.name == "train" and job.lr_schedule:
         steps = job.lr_schedule.train_steps
         if found := _from_work(plan, job, steps):
-            return Stage("train", *found)
+            low, high, source, startup = found
+            return Stage("train", low, high, source, startup=startup)
         seconds = GUIDE_TRAIN_S * steps / GUIDE_STEPS
         source = f"the public guide: about 10 minutes for {GUIDE_STEPS} steps, scaled to {steps} steps"
-        return Stage("train", seconds * 0.5, seconds * 3, source)
+        startup = (min(rates.START_UP_S[0], seconds * 0.5), min(rates.START_UP_S[1], seconds * 3))
+        return Stage("train", seconds * 0.5, seconds * 3, source, startup=startup)
     return Stage(job.name, None, None, "no measurement yet: a first run of this stack measures it")
 
 
-def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str] | None:
+def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str, tuple[float, float]] | None:
     """Train from the work its arguments ask for, at published rates (results/rates.py); None where a figure is
     missing (a CPU, a chip or a model they do not cover)."""
     sizes = work(job.rendered.argv[3:])
@@ -461,12 +468,17 @@ def probe_overrides(steps: int) -> list[str]:
     return [f"vars.num_batches={steps}", "train.num_test_batches=1", f"train.checkpoint_period={steps}"]
 
 
+def fell(seconds: float, low: float, high: float) -> str:
+    """Where a run's time fell against its estimate: inside the range, or how far beyond its nearer end (a run of
+    7.6 min against 6.3-38.8 min is inside it, not 66% below the middle)."""
+    if low <= seconds <= high:
+        return "inside it"
+    return f"{seconds / high - 1:.0%} above it" if seconds > high else f"{1 - seconds / low:.0%} below it"
+
+
 def took(record: RunRecord) -> float | None:
-    """How long the run took, its jobs' first start to their last end (seconds); jobs done already not counted."""
-    ran = [j for j in record.jobs.values() if j.get("ran", True)]
-    starts = [j["started"] for j in ran if j.get("started")]
-    ends = [j["finished"] for j in ran if j.get("finished")]
-    return max(ends) - min(starts) if starts and ends else None
+    """How long the run's VMs were billed (seconds): a VM it lost included, jobs done already by another run not."""
+    return record.billed_s()
 
 
 def against(record: RunRecord) -> str:
@@ -477,7 +489,7 @@ def against(record: RunRecord) -> str:
         return ""
     hours = seconds / 3600 * record.chips if record.chips else None
     price = (record.estimate or {}).get("price_per_chip_hour")
-    line = f"took {duration(seconds)}"
+    line = f"took {duration(seconds)}" + (f" on {len(record.lost_vms) + 1} VMs" if record.lost_vms else "")
     line += f", {hours:.2f} chip-hours" if hours is not None else ""
     line += f", ${hours * price:,.2f}" if hours is not None and price is not None else ""
     if record.estimate:

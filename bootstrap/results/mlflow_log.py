@@ -33,7 +33,7 @@ PARAM_CHARS = 500  # the longest parameter value every MLflow server keeps
 NOT_FOUND = "RESOURCE_DOES_NOT_EXIST"
 
 
-RUN_TAG = "tpu-rl.run"  # the run's name, which fab finds the MLflow run by (its display name may be edited)
+RUN_TAG = "tpu-rl.run-id"  # the run's identity (attempts.run_identity): fab finds its MLflow run by it, never by name
 
 
 class MlflowError(Exception):
@@ -73,7 +73,7 @@ class Server:
             method=method,
         )
         try:
-            return json.loads(retry.within(lambda: _read(request), TIMEOUT_SECONDS) or b"{}")  # however slow
+            answer = json.loads(retry.within(lambda: _read(request), TIMEOUT_SECONDS) or b"{}")  # however slow
         except urllib.error.HTTPError as err:
             answer = _json(err.read())
             raise MlflowError(
@@ -81,43 +81,59 @@ class Server:
             ) from None
         except (OSError, ValueError, http.client.HTTPException) as err:
             raise MlflowError(f"{self.uri} cannot be reached ({type(err).__name__})") from None
+        if not isinstance(answer, dict):
+            raise MlflowError(f"{path}: {self.uri} answered {type(answer).__name__}, not MLflow's JSON object")
+        return answer
 
     def experiment_id(self) -> str:
         """The experiment's id, created the first time."""
         try:
             found = self.call("GET", "experiments/get-by-name", query=f"?experiment_name={_quoted(self.experiment)}")
-            return found["experiment"]["experiment_id"]
+            return _text(found, "experiment", "experiment_id")
         except MlflowError as err:
             if NOT_FOUND not in str(err):
                 raise
-        return self.call("POST", "experiments/create", {"name": self.experiment})["experiment_id"]
+        return _text(self.call("POST", "experiments/create", {"name": self.experiment}), "experiment_id")
 
-    def find_run(self, experiment_id: str, name: str) -> dict | None:
-        """The run logged under this run's name before, with its latest metrics; None the first time."""
+    def find_run(self, experiment_id: str, identity: str) -> dict | None:
+        """The run logged under this run's identity before, with its latest metrics; None the first time."""
         found = self.call(
             "POST",
             "runs/search",
-            {"experiment_ids": [experiment_id], "filter": f"tags.`{RUN_TAG}` = '{name}'", "max_results": 1},
+            {"experiment_ids": [experiment_id], "filter": f"tags.`{RUN_TAG}` = '{identity}'", "max_results": 1},
         )
-        return (found.get("runs") or [None])[0]
+        runs = found.get("runs") or []
+        if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+            raise MlflowError(f"runs/search: {self.uri} answered runs that are not MLflow's")
+        return runs[0] if runs else None
 
 
-def log_run(uri: str, name: str, params: dict[str, str], series: Series, summary: dict) -> str:
-    """Log the run `name` to the server at `uri`: parameters once, then every (metric, step) it lacks; the run
-    FINISHED once every job is done, FAILED once one failed. Returns the run's page; raises MlflowError."""
+def log_run(uri: str, name: str, identity: str, params: dict[str, str], series: Series, summary: dict) -> str:
+    """Log the run `name` to the server at `uri`, found again by its `identity` (attempts.run_identity), never by its
+    name, which another run may share: parameters once, then every (metric, step) it lacks; the run FINISHED once
+    every job is done, FAILED once one failed. Returns the run's page; raises MlflowError."""
     server = Server(uri)
     experiment_id = server.experiment_id()
-    run = server.find_run(experiment_id, name)
+    run = server.find_run(experiment_id, identity)
     if run is None:
         created = server.call(
             "POST",
             "runs/create",
-            {"experiment_id": experiment_id, "run_name": name, "start_time": _now(), "tags": [_tag(RUN_TAG, name)]},
+            {
+                "experiment_id": experiment_id,
+                "run_name": name,
+                "start_time": _now(),
+                "tags": [_tag(RUN_TAG, identity), _tag("tpu-rl.run", name)],
+            },
         )
-        run = created["run"]
-    run_id = run["info"]["run_id"]
-    latest = {m["key"]: int(m.get("step", 0)) for m in run.get("data", {}).get("metrics", [])}
-    if not run.get("data", {}).get("params"):  # once: a parameter never changes (an earlier try may have failed)
+        run = created.get("run")
+    run_id = _text(run, "info", "run_id")
+    data = run.get("data") if isinstance(run.get("data"), dict) else {}
+    try:
+        latest = {m["key"]: int(m.get("step", 0)) for m in data.get("metrics") or []}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise MlflowError("runs/search answered metrics that are not MLflow's") from None
+    if not data.get("params"):  # once: a parameter never changes (an earlier try may have failed)
         items = [{"key": _key(k), "value": str(v)[:PARAM_CHARS]} for k, v in params.items()]
         for start in range(0, len(items), PARAMS_BATCH):
             server.call("POST", "runs/log-batch", {"run_id": run_id, "params": items[start : start + PARAMS_BATCH]})
@@ -130,6 +146,15 @@ def log_run(uri: str, name: str, params: dict[str, str], series: Series, summary
     if ended := "FAILED" if "failed" in states else "FINISHED" if states == {"done"} else None:
         server.call("POST", "runs/update", {"run_id": run_id, "status": ended, "end_time": _now()})
     return f"{server.uri}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+def _text(found, *keys: str) -> str:
+    """found[keys[0]][keys[1]]...: an id MLflow answers with; MlflowError when the answer is not MLflow's."""
+    for key in keys:
+        found = found.get(key) if isinstance(found, dict) else None
+    if not isinstance(found, str) or not found:
+        raise MlflowError(f"answered without {'.'.join(keys)}: not an MLflow tracking server?")
+    return found
 
 
 def _read(request: urllib.request.Request) -> bytes:

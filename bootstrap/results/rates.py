@@ -77,9 +77,12 @@ class TrainWork:
     saves: int
 
 
-def train(work: TrainWork, chip_kind: str, chips: int, parameters: int | None) -> tuple[float, float, str] | None:
-    """Train's seconds (low, high) and how they were reached; None where a figure is missing (a chip or a model
-    these figures do not cover)."""
+def train(
+    work: TrainWork, chip_kind: str, chips: int, parameters: int | None
+) -> tuple[float, float, str, tuple[float, float]] | None:
+    """Train's seconds (low, high), how they were reached, and its start-up's (low, high: loading, compiling and the
+    eval before training, what every start pays again); None where a figure is missing (a chip or a model these
+    figures do not cover)."""
     chip = CHIPS.get(chip_kind)
     if chip is None or not parameters or parameters < 0 or chips < 1:
         return None
@@ -108,4 +111,4 @@ def train(work: TrainWork, chip_kind: str, chips: int, parameters: int | None) -
         f"start-up {START_UP_S[0] // 60}-{START_UP_S[1] // 60} min, {work.saves} saves: {chip.name} limits, vLLM-on-TPU "
         "and MaxText published rates (a bound)"
     )
-    return low, high, how
+    return low, high, how, (START_UP_S[0] + eval_low, START_UP_S[1] + eval_high)

@@ -39,7 +39,9 @@ def current_run() -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-FIELDS = ("name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate", "preemptions")
+FIELDS = (
+    "name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate", "preemptions", "lost_vms"
+)  # fmt: skip
 
 
 @dataclass
@@ -54,6 +56,7 @@ class RunRecord:
     timing: dict | None = None  # where train's time went (results/timing.py), its work and shape (estimate.py)
     estimate: dict | None = None  # what fab estimated when the run started (results/estimate.py)
     preemptions: list[dict] = field(default_factory=list)  # each Spot preemption, with what it cost (fab metrics)
+    lost_vms: list[dict] = field(default_factory=list)  # each VM the run lost: its billed span (`lose_vm`)
 
     @property
     def folder(self) -> Path:
@@ -72,6 +75,35 @@ class RunRecord:
             "outputs": status.outputs,
             "error": status.error,
         }
+
+    def lose_vm(self, ended: float | None) -> None:
+        """The VM the run was on is gone (a recovery recreates it): its billed span is kept, from its first job's start
+        to `ended` (when it was preempted, as its shutdown script recorded; else the last time its jobs were seen, a
+        lower bound, said as such), and its jobs leave the current VM's time."""
+        ran = {name: job for name, job in self.jobs.items() if job.get("ran", True) and not job.get("lost_vm")}
+        starts = [job["started"] for job in ran.values() if job.get("started")]
+        if not starts:
+            return
+        seen = max(t for job in ran.values() for t in (job.get("started"), job.get("finished")) if t)
+        self.lost_vms.append({"started": min(starts), "ended": max(ended or seen, min(starts)), "known": bool(ended)})
+        self.jobs = {name: {**job, "lost_vm": True} if name in ran else job for name, job in self.jobs.items()}
+
+    def current_times(self) -> tuple[list[float], list[float]]:
+        """The starts and ends of the jobs that ran on the run's current VM (not another run's, not a lost VM's)."""
+        ran = [job for job in self.jobs.values() if job.get("ran", True) and not job.get("lost_vm")]
+        return [j["started"] for j in ran if j.get("started")], [j["finished"] for j in ran if j.get("finished")]
+
+    def billed_s(self, starts: list[float] | None = None, ends: list[float] | None = None) -> float | None:
+        """Seconds the run's VMs were billed: each lost one's span, and the current VM's first start to its last end
+        (`starts`, `ends`: its times, this record's own by default); None before anything ran."""
+        if starts is None or ends is None:
+            starts, ends = self.current_times()
+        since = max((vm["ended"] for vm in self.lost_vms), default=0.0)  # a lost VM's jobs are in its span
+        starts, ends = [t for t in starts if t >= since], [t for t in ends if t >= since]
+        lost = sum(vm["ended"] - vm["started"] for vm in self.lost_vms)
+        if not (starts and ends) and not self.lost_vms:
+            return None
+        return lost + (max(ends) - min(starts) if starts and ends else 0.0)
 
     @classmethod
     def load(cls, name: str) -> RunRecord:
@@ -103,6 +135,7 @@ class RunRecord:
             self.timing, self.estimate = self.timing or disk.timing, self.estimate or disk.estimate
             self.settings = self.settings if self.settings is not None else disk.settings
             self.preemptions = self.preemptions or disk.preemptions
+            self.lost_vms = self.lost_vms or disk.lost_vms
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             if not self.name.startswith(PROBE_PREFIX):  # a probe measures; the run carried on stays the current
@@ -170,6 +203,18 @@ class _Estimate(_Strict):
     unknown: list[str] = []
 
 
+class _LostVm(_Strict):
+    started: Time
+    ended: Time
+    known: bool
+
+    @model_validator(mode="after")
+    def _in_order(self):
+        if self.ended < self.started:
+            raise ValueError("ended before it started")
+        return self
+
+
 class _Preemption(_Strict):
     at: Time
     committed_step: Annotated[int, Field(ge=0)] | None = None
@@ -189,6 +234,7 @@ class _Record(_Strict):
     timing: _Timing | None = None
     estimate: _Estimate | None = None
     preemptions: list[_Preemption] = []
+    lost_vms: list[_LostVm] = []
 
 
 def damage(data) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ..jobs.plan import PLACEHOLDER_RUN, Plan
-from ..remote import attempts, evals, inventory, manifest
+from ..remote import attempts, evals, inventory, manifest, preempted
 from ..remote.jobrunner import LOG
 from .publish import gcs_url
 from .runs import RunRecord
@@ -33,6 +33,8 @@ def request(plan: Plan, outputs: dict | None) -> dict:
         places[inventory.EVALS] = f"{trainer.job_dir}/{LOG}"
         places[inventory.CHECKPOINTS] = env.get(attempts.CHECKPOINTS_ENV, "")
         places[inventory.ATTEMPTS] = f"{env[attempts.DIR_ENV]}/*.json" if env.get(attempts.DIR_ENV) else ""
+        records = preempted.folder_of(env)
+        places[inventory.PREEMPTIONS] = f"{records}/*.json" if records else ""
     if "export" in plan.names:
         places[inventory.EXPORT] = f"{plan.export_folder()}/{manifest.NAME}"
     if plan.spec.results.gcs:
@@ -63,8 +65,8 @@ def _settings(record: RunRecord | None, vm: dict) -> list[str] | None:
     return vm["settings"] if vm.get("settings") is not None else (record.settings if record else None)
 
 
-def _hours(starts: list[float], ends: list[float], chips: int) -> float | None:
-    return round((max(ends) - min(starts)) / 3600 * chips, 2) if starts and ends and chips else None
+def _hours(seconds: float | None, chips: int) -> float | None:
+    return round(seconds / 3600 * chips, 2) if seconds is not None and chips else None
 
 
 def _estimated(record: RunRecord | None) -> dict | None:
@@ -97,6 +99,15 @@ def _kept(record: RunRecord | None, vm: dict, bucket: dict, host: str) -> dict[s
     return {job: place for job, place in kept.items() if place}
 
 
+def _preemptions(record: RunRecord | None, bucket: dict) -> list[dict]:
+    """Each preemption: as fab metrics costed it, else as the VM's shutdown script recorded it in the bucket (what it
+    cost not yet counted: lost_chip_hours None)."""
+    costed = list(record.preemptions) if record else []
+    known = {p.get("at") for p in costed}
+    found = [{**p, "lost_chip_hours": None} for p in bucket.get("preemptions", []) if p.get("at") not in known]
+    return sorted([*costed, *found], key=lambda p: p.get("at") or 0)
+
+
 def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], chips: int = 0, host: str = "") -> dict:
     """One run for `fab runs`: when, how far, with what settings, what it scored, what it cost, where its model is,
     and who knows it (`listed`: what driver.py's `runs` said of it; `chips`: for a run known from the bucket alone)."""
@@ -104,30 +115,35 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
     jobs = {**(record.jobs if record else {}), **vm.get("jobs", {})}
     scored = evals.merged(record.evals if record else [], vm.get("evals", []))
     result = evals.outcome(scored) or {}
-    earlier = {n for n, j in (record.jobs if record else {}).items() if j.get("ran") is False}  # another run's time
+    ledger = record or RunRecord(name)
+    # another run's time (a job done already), or a lost VM's (in its own span): not the current VM's
+    earlier = {n for n, j in ledger.jobs.items() if j.get("ran") is False or j.get("lost_vm")}
     timed = {n: j for n, j in jobs.items() if n not in earlier}
-    every = [*(j for n, j in (record.jobs if record else {}).items() if n not in earlier), *timed.values()]
-    starts = [j["started"] for j in [*every, *bucket.get("attempts", [])] if j.get("started")]  # a lost VM's too
+    every = [*(j for n, j in ledger.jobs.items() if n not in earlier), *timed.values(), *bucket.get("attempts", [])]
+    starts = [j["started"] for j in every if j.get("started")]  # an unrecorded lost VM's first start too
     ends = [j["finished"] for j in timed.values() if j.get("finished")]
     ends = ends or [r["finished"] for r in bucket.get("records", {}).values() if r and r.get("finished")]
+    billed = ledger.billed_s(starts, ends)
+    first = [*starts, *(vm["started"] for vm in ledger.lost_vms)]
     settings = _settings(record, vm)
     known = [where for where, found in (("laptop", record), ("VM", "vm" in listed), ("bucket", bucket)) if found]
     return {
         "run": name,
         "known": known,
-        "started": datetime.fromtimestamp(min(starts), UTC).strftime("%Y-%m-%d %H:%M") if starts else None,
+        "started": datetime.fromtimestamp(min(first), UTC).strftime("%Y-%m-%d %H:%M") if first else None,
         "state": _state(jobs, bucket)
         + (f" (its files on the VM unreadable: {vm['error']})" if vm.get("error") else ""),
         "settings": None if settings is None else list(dict.fromkeys([*settings, *changes])),
         "accuracy": [result["before"], result["after"]] if result else None,
         "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
         "mean_reward": result.get("mean_reward_after"),
-        "chip_hours": _hours(starts, ends, (record.chips if record else 0) or vm.get("chips") or chips),
-        "took_s": round(max(ends) - min(starts)) if starts and ends else None,
+        "chip_hours": _hours(billed, (record.chips if record else 0) or vm.get("chips") or chips),
+        "took_s": round(billed) if billed is not None else None,
+        "vms": len(ledger.lost_vms) + 1,  # each billed while it ran: the lost ones' spans are in took_s
         "estimate": _estimated(record),
         "checkpoint_step": bucket["steps"][-1] if bucket.get("steps") else None,
         "train_starts": len(bucket.get("attempts", [])) or None,
-        "preemptions": record.preemptions if record else [],
+        "preemptions": _preemptions(record, bucket),
         "kept": _kept(record, vm, bucket, host),
     }
 

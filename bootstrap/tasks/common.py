@@ -25,7 +25,28 @@ if TYPE_CHECKING:
 
 ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_batches=100, vars.num_batches=100, convert.--lazy_load_tensors=True"
 RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
-console = Console()
+# Off a terminal (a file, a pager, a pipe) nothing is wrapped: rich would cut paths and tables at 80 columns.
+UNWRAPPED = 4096
+console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else UNWRAPPED)
+
+
+def number(
+    value, option: str, default: int, kind: type = int, least: float = 0, most: float | None = None
+) -> int | float:
+    """An option's number (`kind` int: a whole one), from least to most, `default` when not given; else one line
+    naming the option (exit 2). Such an option's default in the task is None: invoke would cast the text by the
+    default's type itself, and end in a traceback for `--probe 2.5`."""
+    if value is None:
+        return default
+    try:
+        found = kind(value)
+    except (TypeError, ValueError):
+        found = None
+    if found is None or found != found or found < least or (most is not None and found > most):  # NaN too
+        what = "a whole number" if kind is int else "a number"
+        bounds = f"from {least:g} to {most:g}" if most is not None else f"of at least {least:g}"
+        raise UserError(f"{option} {str(value)[:40]!r}: {what} {bounds}")
+    return found
 
 
 def gke_session():
@@ -77,11 +98,17 @@ def quiet_broken_pipe() -> None:
 
 
 def open_session(
-    c: Context, overrides: list[str], run_name: str | None = None, here: dict[str, str] | None = None, **options: bool
+    c: Context,
+    overrides: list[str],
+    run_name: str | None = None,
+    here: dict[str, str] | None = None,
+    named: str = "given with --run-name",
+    **options: bool,
 ) -> Session:
     """The command's session (tasks/sessions.py, which says what the `options` are). Inputs that passed the local
     checks before dial the VM at once: the connection opens while the jobs' schema imports and the checks run
-    again (jobs/checked.py). With `here` (the environment its commands see), this machine is the VM (fab demo)."""
+    again (jobs/checked.py). With `here` (the environment its commands see), this machine is the VM (fab demo);
+    `named`: who chose `run_name`."""
     inputs = LocalInputs(overrides, run_name, options)
     if here is not None:
         from ..vm.here import HereDial
@@ -91,7 +118,7 @@ def open_session(
         dial = Dial(c, console.print, connects=not options.get("recover")) if inputs.passed_before() else None
     from . import sessions  # the jobs' schema (pydantic) and everything a session needs
 
-    return sessions.open_session(c, inputs, dial, overrides, run_name, **options)
+    return sessions.open_session(c, inputs, dial, overrides, run_name, **options, named=named)
 
 
 def prepare(session: Session) -> None:

@@ -6,7 +6,6 @@ The same commands a VM runs, driven by the same driver and shown by the same dis
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from datetime import UTC, datetime
@@ -47,11 +46,12 @@ def demo(c, control=False, run_name=None, clean=False):
     console.print(f"the jobs are yours ({jobs_dir()}), with what a CPU needs changed:")
     for change in changes:
         console.print(f"  {change}", markup=False, highlight=False)
-    os.environ["TPU_RL_JOBS"], os.environ["TPU_RL_RUNS"] = str(folder.jobs), str(folder.runs)
+    here = rehearsal.use(folder)
     kind = "control" if control else "grpo"
     name = run_name or f"demo-{kind}-{datetime.now(UTC).strftime('%Y-%m-%d-%H-%M-%S')}"
     args = rehearsal.overrides(folder, rehearsal.CONTROL_LEARNING_RATE if control else rehearsal.LEARNING_RATE)
-    session = open_session(c, args, name, here=rehearsal.MACHINE_ENV, reads_states=True)
+    named = "given with --run-name" if run_name else f"a new demo run{' (the control)' if control else ''}"
+    session = open_session(c, args, name, here=here, named=named, reads_states=True)
     session.command = ("fab", "demo", *(["--control"] if control else []))
     outside = [word for job in session.plan.rendered for word in [*job.argv, *job.env.values()] if "gs://" in word]
     if outside:  # a path the jobs' own files set beside the demo's folder: nothing leaves this machine
@@ -61,8 +61,29 @@ def demo(c, control=False, run_name=None, clean=False):
     from .results_tasks import show_runs, write_metrics
 
     write_metrics(session)
-    show_runs(c, here=rehearsal.MACHINE_ENV, shared=tuple(rehearsal.shared_overrides(folder)))
-    console.print(f"everything the demo made is in {folder.root}; fab demo --clean removes it")
+    show_runs(c, here=here, shared=tuple(rehearsal.shared_overrides(folder)))
+    console.print(
+        f"everything the demo made is in {folder.root}; fab demo --clean removes it. See its runs again: "
+        "fab runs --demo, fab metrics --demo [--run-name RUN], fab tensorboard --demo"
+    )
+
+
+def demo_session(c, run_name: str | None):
+    """A session on a demo run (`fab metrics --demo`, `fab tensorboard --demo`): this machine as the VM, the demo's
+    jobs and runs, its current run unless `run_name` names another."""
+    from ..demo import rehearsal
+
+    folder = rehearsal.Folder.ran()
+    return open_session(c, rehearsal.overrides(folder), run_name, here=rehearsal.use(folder), runs_jobs=False)
+
+
+def demo_runs(c, json_: bool) -> None:
+    """`fab runs --demo`: the demo's runs, as the demo's last table shows them."""
+    from ..demo import rehearsal
+    from .results_tasks import show_runs
+
+    folder = rehearsal.Folder.ran()
+    show_runs(c, json_, here=rehearsal.use(folder), shared=tuple(rehearsal.shared_overrides(folder)))
 
 
 def _drive(session) -> None:

@@ -14,18 +14,29 @@ from fabric import Connection, task
 from ..errors import UserError
 from ..paths import jobs_dir
 from ..vm import recovery
-from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
+from .common import ARG_HELP, RUN_HELP, console, number, open_session, prepare, reports_errors
 
 RUN_OPTIONS = {"arg": ARG_HELP, "run_name": RUN_HELP}
 DETACH_HELP = "return as soon as the pipeline runs on the VM (watch it later with the same command, or fab status)"
 
 
 def _run(
-    c, arg, run_name, task: str, only: list[str] | None, new_run=False, detach=False, recover=False, opened=None
+    c,
+    arg,
+    run_name,
+    task: str,
+    only: list[str] | None,
+    new_run=False,
+    detach=False,
+    recover=False,
+    opened=None,
+    progressed=None,
+    named: str = "given with --run-name",
 ) -> None:
     """Bring the selected jobs (`only` and setup; all by default, and then the durable copies) to done on the VM.
-    `opened(run_name)`: told once the VM answered and the run is chosen (fab train --watch)."""
-    session = open_session(c, arg or [], run_name, new_run=new_run, recover=recover, reads_states=True)
+    For fab train --watch: `opened(run_name)` is told once the VM answered and the run is chosen, `progressed()`
+    each time train trains a step."""
+    session = open_session(c, arg or [], run_name, named=named, new_run=new_run, recover=recover, reads_states=True)
     if opened:
         opened(session.plan.run_name)
     from ..jobs.load import SETUP
@@ -42,7 +53,7 @@ def _run(
     durable = durable_jobs(plan, session.stack) if only is None else []
     jobs = [plan.job(name) for name in names] + durable
     if isinstance(session.vm, Vm):
-        pipeline.run(session, jobs, task, detach, prepare)
+        pipeline.run(session, jobs, task, detach, prepare, progressed)
     else:
         from ..gke import driving  # a gke stack only
 
@@ -84,32 +95,38 @@ def setup(c, arg=None):
     },
 )
 @reports_errors
-def train(
-    c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=0, watch=False, tries=recovery.TRIES
-):
+def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=None, watch=False, tries=None):
     """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
+    probe, tries = number(probe, "--probe", 0), number(tries, "--tries", recovery.TRIES, least=1)
     if watch and (detach or probe):
         raise UserError("--watch stays attached to the run: leave out --detach and --probe")
     if probe:
-        _probe(c, arg or [], int(probe), run_name)
+        _probe(c, arg or [], probe, run_name)
         return
     if not watch:
         _run(c, arg, run_name, "train", None, new_run, detach, recover)
         return
-    if int(tries) < 1:
-        raise UserError(f"--tries {tries}: at least 1 recovery")
     stack = not isinstance(c, Connection)  # a -H host is its owner's to recreate: only reached again
     chosen: list[str] = []  # the run the first session chose: every recovery carries on that one
 
-    def attempt(recovering: bool, reached) -> None:
+    def attempt(recovering: bool, progressed) -> None:
         def opened(name: str) -> None:
             chosen[:] = chosen or [name]
-            reached()
 
         if recovering and chosen:
-            _run(c, arg, chosen[0], "train", None, recover=stack, opened=opened)
+            named = "the run fab train --watch carries on"
+            _run(c, arg, chosen[0], "train", None, recover=stack, opened=opened, progressed=progressed, named=named)
         else:
-            _run(c, arg, run_name, "train", None, new_run, recover=recover or recovering and stack, opened=opened)
+            recovers = recover or recovering and stack
+            _run(c, arg, run_name, "train", None, new_run, recover=recovers, opened=opened, progressed=progressed)
+
+    def preempted(since: float) -> str | None:
+        """What the VM recorded as it went, when it was preempted since `since`."""
+        from ..results import preemptions
+        from .sessions import preemption_folder
+
+        found = preemptions.last(preemption_folder(arg or [], chosen[0], stack)) if chosen else None
+        return preemptions.said(found) if found and found.get("at", 0) >= since else None
 
     from ..jobs import load
     from ..jobs.plan import check_local
@@ -119,9 +136,10 @@ def train(
     # the run the watch carries on, not this machine's current-run file (another fab may have changed it)
     recovery.watch(
         attempt,
-        int(tries),
+        tries,
         console.print,
         lambda text, event: tell(text, {**event, "run": chosen[0] if chosen else run_name or ""}),
+        preempted=preempted,
     )
 
 

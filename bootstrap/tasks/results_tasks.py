@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,7 +16,7 @@ from fabric import Connection, task
 
 from .. import secrets
 from ..errors import UserError
-from .common import ARG_HELP, RUN_HELP, console, open_session, prepare, reports_errors
+from .common import ARG_HELP, RUN_HELP, console, number, open_session, prepare, reports_errors
 
 if TYPE_CHECKING:
     from ..jobs import load
@@ -25,11 +24,25 @@ if TYPE_CHECKING:
     from ..session import Session
 
 
-@task(name="metrics", iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP})
+DEMO_HELP = "fab demo's runs, on this machine, instead of the VM's"
+
+
+def _session(c, arg, run_name, demo: bool) -> Session:
+    """The session of a command that reads a run: the VM's, or with `demo` fab demo's on this machine."""
+    if demo:
+        if arg:
+            raise UserError("--demo reads the demo's runs as fab demo ran them: leave out --arg")
+        from .demo_tasks import demo_session
+
+        return demo_session(c, run_name)
+    return open_session(c, arg or [], run_name, runs_jobs=False)
+
+
+@task(name="metrics", iterable=["arg"], help={"arg": ARG_HELP, "run_name": RUN_HELP, "demo": DEMO_HELP})
 @reports_errors
-def fetch_metrics(c, arg=None, run_name=None):
+def fetch_metrics(c, arg=None, run_name=None, demo=False):
     """Copy the run's training metrics from the VM; write CSV, a PNG plot and a summary locally."""
-    write_metrics(open_session(c, arg or [], run_name, runs_jobs=False))
+    write_metrics(_session(c, arg, run_name, demo))
 
 
 def write_metrics(session: Session) -> None:
@@ -44,11 +57,12 @@ def write_metrics(session: Session) -> None:
     events, source = folder / "tensorboard", train.progress["tensorboard_dir"]
     console.print(f"copying event files from {session.vm.where(source)}")
     session.vm.download(source, events)
-    starts = []
+    starts, identity = [], None
     if records := train.env.get(attempts.DIR_ENV):
         console.print(f"reading the records of train's starts in {session.vm.where(records)}")
         session.vm.download(records, folder / "attempts", required=False)
         starts = attempts.parse([path.read_text(errors="replace") for path in (folder / "attempts").glob("*.json")])
+        identity = attempts.run_identity([path.name for path in (folder / "attempts").glob("*.json")])
     preemptions = []
     if records := preempted.folder_of(train.env):
         session.vm.download(records, folder / "preemptions", required=False)
@@ -86,18 +100,24 @@ def write_metrics(session: Session) -> None:
     for name in ("metrics.csv", "evals.csv", "metrics.png", "summary.json", "jobs.json"):
         console.print(f"  {folder / name}")
     if uri := session.plan.spec.results.mlflow:
-        _log_to_mlflow(uri, session, train, series, summary)
+        _log_to_mlflow(uri, session, train, identity, series, summary)
 
 
-def _log_to_mlflow(uri: str, session: Session, train: load.RenderedJob, series: dict, summary: dict) -> None:
-    """The numbers just written, logged to results.mlflow; a server that fails is said, and fab metrics tries again."""
+def _log_to_mlflow(
+    uri: str, session: Session, train: load.RenderedJob, identity: str | None, series: dict, summary: dict
+) -> None:
+    """The numbers just written, logged to results.mlflow as the run `identity` names (none before train's first
+    start); a server that fails is said, and fab metrics tries again."""
     from ..results import mlflow_log
 
     plan = session.plan
+    if identity is None:
+        console.print("MLflow: not logged (train has not started yet); fab metrics logs it", highlight=False)
+        return
     params = {"run": plan.run_name, "model": plan.base_model or "", "maxtext": plan.maxtext_version}
     params |= {f"train.{k}": v for k, _, v in (word.partition("=") for word in train.argv[3:]) if v}
     try:
-        page = mlflow_log.log_run(uri, plan.run_name, params, series, summary)
+        page = mlflow_log.log_run(uri, plan.run_name, identity, params, series, summary)
     except mlflow_log.MlflowError as err:
         console.print(f"MLflow: not logged ({err}); fab metrics logs it again", markup=False, highlight=False)
         return
@@ -111,14 +131,14 @@ def _log_to_mlflow(uri: str, session: Session, train: load.RenderedJob, series: 
         "run_name": RUN_HELP,
         "port": "the port on 127.0.0.1 (default: a free one)",
         "every": "seconds between copies of the run's new events (default 30)",
+        "demo": DEMO_HELP,
     },
 )
 @reports_errors
-def tensorboard(c, arg=None, run_name=None, port=0, every=30):
+def tensorboard(c, arg=None, run_name=None, port=None, every=None, demo=False):
     """TensorBoard here over every run's events, the run's copied from the VM as train writes them; Ctrl-C ends it."""
-    if not float(every) > 0 or not 0 <= int(port) < 65536:
-        raise UserError(f"--every {every} --port {port}: --every takes seconds above 0, --port 0 (a free one) to 65535")
-    session = open_session(c, arg or [], run_name, runs_jobs=False)
+    every, port = number(every, "--every", 30, float, 0.1, 24 * 3600), number(port, "--port", 0, most=65535)
+    session = _session(c, arg, run_name, demo)
     from ..paths import runs_dir
     from ..results import board
     from ..vm.machine import Vm
@@ -140,13 +160,11 @@ def tensorboard(c, arg=None, run_name=None, port=0, every=30):
             console.print(f"not copied this time ({secrets.redact(str(err))}); serving what is here", highlight=False)
 
     copy()
-    served = board.TensorBoard(runs_dir(), int(port))
+    served = board.TensorBoard(runs_dir(), port)
     console.print(f"TensorBoard at {served.url} over every run in {runs_dir()}", highlight=False)
     console.print(f"copying {session.vm.where(source)} every {every} s; Ctrl-C ends it", highlight=False)
     try:
-        while served.process.poll() is None:
-            time.sleep(float(every))
-            copy()
+        board.serve(served.process, copy, every)
         raise UserError(f"TensorBoard stopped (exit {served.process.returncode})")
     except KeyboardInterrupt:
         console.print("\nTensorBoard stopped")
@@ -195,11 +213,16 @@ def publish(c, arg=None, run_name=None):
     session.record.save()
 
 
-@task(name="runs", help={"json_": "print JSON (one object a run) instead of a table"})
+@task(name="runs", help={"json_": "print JSON (one object a run) instead of a table", "demo": DEMO_HELP})
 @reports_errors
-def list_runs(c, json_=False):
+def list_runs(c, json_=False, demo=False):
     """This stack's runs side by side, from this machine's records, the VM and its bucket: settings, before -> after
     accuracy, chip-hours, where the model is."""
+    if demo:
+        from .demo_tasks import demo_runs
+
+        demo_runs(c, json_)
+        return
     show_runs(c, json_)
 
 
@@ -279,23 +302,24 @@ def _timing(session, train) -> dict | None:
 
 def _against_estimate(row: dict) -> str:
     """fab runs' time cell: what the run took and its chip-hours, and under them what fab estimated."""
-    from ..results.estimate import duration, span
+    from ..results.estimate import duration, fell, span
 
+    vms = f" on {row['vms']} VMs" if row.get("vms", 1) > 1 else ""  # each billed while it ran
     cell = "\n".join(
         [
-            *([duration(row["took_s"])] if row["took_s"] is not None else []),
+            *([duration(row["took_s"]) + vms] if row["took_s"] is not None else []),
             *([f"{row['chip_hours']:.2f} chip-h"] if row["chip_hours"] is not None else []),
         ]
     )
     if preempted := row.get("preemptions"):
         steps = ", ".join(str(p["committed_step"]) if p.get("committed_step") is not None else "-" for p in preempted)
-        lost = sum(p.get("lost_chip_hours") or 0 for p in preempted)
-        cell += f"\npreempted at step {steps}: {lost:.2f} chip-h lost"
+        costed = [p["lost_chip_hours"] for p in preempted if p.get("lost_chip_hours") is not None]
+        lost = f"{sum(costed):.2f} chip-h lost" if len(costed) == len(preempted) else "fab metrics counts the cost"
+        cell += f"\npreempted at step {steps}: {lost}"
     if expected := row["estimate"]:
-        middle = (expected["low_s"] + expected["high_s"]) / 2
-        done = row["state"] == "done" and row["took_s"] and middle  # a failed or resumed run's span is no measure
-        error = f"; error {row['took_s'] / middle - 1:+.0%}" if done else ""  # of the estimate's middle
-        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])}{error})"
+        done = row["state"] == "done" and row["took_s"]  # a failed or unfinished run's span is no measure
+        where = f": {fell(row['took_s'], expected['low_s'], expected['high_s'])}" if done else ""
+        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])}{where})"
     return cell or "-"
 
 

@@ -39,6 +39,7 @@ def open_session(
     runs_jobs: bool = True,
     recover: bool = False,
     reads_states: bool = False,
+    named: str = "given with --run-name",
 ) -> Session:
     """Check everything local first, then connect, choose the run, and build the one plan.
 
@@ -77,13 +78,14 @@ def open_session(
         if runs_jobs and "HF_TOKEN" in values and _work_likely(expected, overrides)
         else None
     )
+    recreated = False  # with --recover: the VM was gone, and made again
     if target:
         console.print(f"connecting to the GKE cluster {outputs['cluster_name']} (Pulumi stack outputs)")
         driver = gke_session().connect(outputs, Cleaner(values.values()))
         source = f"{runs.runs_dir()}/{runs.CURRENT}"
     else:
         if recover:
-            outputs = connect.recover(outputs, console.print)
+            outputs, recreated = connect.recover(outputs, console.print)
             conn = connect.connection(c, console.print, outputs)
             console.print(f"connecting to {conn.host} (Pulumi stack outputs)")
             conn, asking = connect.open_connection(conn, outputs), None
@@ -95,7 +97,8 @@ def open_session(
             except VmUnavailable as lost:  # what the VM recorded as it went, when it was preempted
                 run = None if new_run else run_name or runs.current_run()
                 found = preemptions.last(_preemption_folder(files, pipeline, outputs, overrides, run)) if run else None
-                raise VmUnavailable(f"{lost}; it was {preemptions.said(found)}" if found else str(lost)) from None
+                said = f"; it was {preemptions.said(found)}" if found else ""
+                raise VmUnavailable(lost.reason + said, str(lost)[len(lost.reason) :]) from None
         driver = Vm(conn, Layout(pipeline.spec.vm.state_dir), Cleaner(values.values()), asking)
         source = f"{driver.name}:{driver.layout.current_run}"
     durable = [] if target else durable_overrides(pipeline.spec, outputs)
@@ -121,7 +124,7 @@ def open_session(
                 f"{driver.name} has no run of its own: carrying on with this machine's run {laptop}, whose model and "
                 f"checkpoints are kept in {kept} (--new-run starts another)"
             )
-    name, why = choose_run(current, source, run_name, new_run)
+    name, why = choose_run(current, source, run_name, new_run, named)
     console.print(f"run {name} ({why}) on {driver.name}")
     if target:
         plan = gke_session().plan(files, planned_with, name, target)
@@ -130,6 +133,10 @@ def open_session(
             expected_plan if expected_plan and name == expected else build(files, [*durable, *overrides], name, *chosen)
         )
     record = runs.RunRecord.load(name)
+    if recreated:  # the VM the run was on is gone: its billed time is kept apart, the new VM's counted from now
+        found = preemptions.last(_preemption_folder(files, pipeline, outputs, overrides, name))
+        record.lose_vm(found["at"] if found and isinstance(found.get("at"), (int, float)) else None)
+        record.save()
     session = Session(plan, driver, console, record, values, overrides, outputs, token_check=token_check)
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
         session.check_token()
@@ -157,6 +164,17 @@ def _read_ahead(plan: Plan, outputs: dict | None, runs_jobs: bool) -> tuple[str,
     return tuple(job.job_dir for job in jobs)
 
 
+def preemption_folder(overrides: list[str], run: str, stack: bool) -> str | None:
+    """Where `run`'s preemption records are, for the stack's VM (or, not `stack`, a -H host); None where that is not
+    known here (the stack's outputs cannot be read)."""
+    files = load.read(jobs_dir())
+    try:
+        outputs = connect.stack_outputs() if stack else None
+    except UserError:
+        return None
+    return _preemption_folder(files, check_local(files, overrides), outputs, overrides, run)
+
+
 def _preemption_folder(
     files: load.JobFiles, pipeline, outputs: dict | None, overrides: list[str], run: str
 ) -> str | None:
@@ -173,10 +191,13 @@ def durable_dir(files: load.JobFiles, pipeline, outputs: dict | None, overrides:
     return load.resolve(files, [*durable_overrides(pipeline.spec, outputs), *overrides]).values.get(DURABLE_DIR, "")
 
 
-def choose_run(current: str | None, source: str, requested: str | None, new: bool) -> tuple[str, str]:
-    """The run to work on and why: asked for, the current one (kept at `source`), or a new one."""
+def choose_run(
+    current: str | None, source: str, requested: str | None, new: bool, named: str = "given with --run-name"
+) -> tuple[str, str]:
+    """The run to work on and why: asked for (`named` says by whom), the current one (kept at `source`), or a new
+    one."""
     if requested:
-        return requested, "given with --run-name"
+        return requested, named
     if not new and current and not current.startswith(PROBE_PREFIX):  # a probe's is never carried on
         return check_run_name(current, source), "the current run"
     return runs.new_run_name(), "a new run"

@@ -105,7 +105,13 @@ class Gone:
                 "if it is yours to lose, delete it, then fab train --recover; or give this stack another "
                 "tpu-rl:instanceName and run pulumi up"
             )
-        return f"the stack's VM {self.name} {self.why}; its /dev/shm went with it. Recreate it and carry on: {RECOVER}"
+        return self.reason + self.advice
+
+    @property
+    def reason(self) -> str:
+        return f"the stack's VM {self.name} {self.why}; its /dev/shm went with it"
+
+    advice = f". Recreate it and carry on: {RECOVER}"
 
 
 def gone(outputs: dict) -> Gone | None:

@@ -114,13 +114,16 @@ def open_connection(conn: Connection, outputs: dict | None = None) -> Connection
         except UserError as api:  # offline, or no credentials: the SSH failure is still the message
             unknown = f"{failed}; whether the VM still exists is unknown: {api}"
             raise (VmUnavailable if isinstance(failed, VmUnavailable) else UserError)(unknown) from None
-        if gone:  # an instance the stack did not make, or one waiting for capacity, is the user's to decide on
-            raise (UserError if gone.foreign or gone.waiting else VmUnavailable)(str(gone)) from None
+        if gone and (gone.foreign or gone.waiting):  # an instance the stack did not make, or one waiting for capacity
+            raise UserError(str(gone)) from None  # is the user's to decide on
+        if gone:
+            raise VmUnavailable(gone.reason, gone.advice) from None
         raise
 
 
-def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
-    """Recreate the stack's VM with the user's own `pulumi up` when it is gone; the stack's outputs after.
+def recover(outputs: dict | None, say: Callable[[str], None]) -> tuple[dict, bool]:
+    """Recreate the stack's VM with the user's own `pulumi up` when it is gone; the stack's outputs after, and
+    whether it was recreated.
 
     A deleted VM is dropped from the state by the refresh and created again; a stopped one is replaced;
     only the instance is targeted. A VM that runs as the stack says is left alone, and an instance the
@@ -131,7 +134,7 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
     gone = compute.gone(outputs)
     if gone is None:
         say(f"the stack's VM {outputs['instance_name']} runs: nothing to recreate")
-        return outputs
+        return outputs, False
     if gone.foreign or gone.waiting:
         raise UserError(str(gone))
     if not outputs.get("instance_urn") or gone.exists and not outputs.get("instance_id"):
@@ -144,10 +147,10 @@ def recover(outputs: dict | None, say: Callable[[str], None]) -> dict:
     say(f"the stack's VM {gone.name} {gone.why}: recreating it with `{' '.join(command)}`")
     if subprocess.run(command, cwd=REPO, stdin=subprocess.DEVNULL).returncode != 0:  # Spot capacity short, often
         raise VmUnavailable(
-            f"`{' '.join(command)}` failed (its output is above); fix that, then {compute.RECOVER} again"
+            f"`{' '.join(command)}` failed (its output is above)", f"; fix that, then {compute.RECOVER} again"
         )
     hostkeys.Pins().forget(str(outputs.get("instance_id")))
-    return stack_outputs()
+    return stack_outputs(), True
 
 
 def _open(conn: Connection) -> Connection:

@@ -40,14 +40,15 @@ CREDENTIALS = ("TOKEN", "PASSWORD", "USERNAME", "SECRET", "KEY", "PUBLISH", "AUT
 
 def session_env(extra: dict[str, str]) -> dict[str, str]:
     """A command's environment: the session's plain variables, the network's and installers' settings, fab's own
-    bin folder (uv) on PATH, and `extra`."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
+    bin folder (uv) on PATH, and `extra` (its PATH, if any, first on PATH)."""
+    first = [extra["PATH"]] if extra.get("PATH") else []
+    path = os.pathsep.join([*first, str(Path(sys.executable).parent), os.environ.get("PATH", os.defpath)])
     installer = lambda k: k.startswith(INSTALLERS) and not any(word in k for word in CREDENTIALS)  # noqa: E731
     passed = {
         k: v for k, v in os.environ.items()
         if k in PASSED or k in NETWORK_ENV or installer(k) and "@" not in v  # an index URL with user:token@ too
     }  # fmt: skip
-    return {**passed, "PATH": path, **extra}
+    return {**passed, **extra, "PATH": path}
 
 
 class _Exited:

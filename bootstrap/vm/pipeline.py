@@ -26,6 +26,7 @@ from ..remote.jobrunner import JobState
 from ..results import estimate
 from ..results.publish import DURABLE_PREFIX
 from ..session import Session
+from .here import Here
 from .machine import ConnectionLost, JobStatus
 from .progress import Board
 from .watch import Watcher
@@ -59,7 +60,8 @@ def preflight_request(session: Session) -> dict:
         "min_memory_gb": vm_spec.min_memory_gb,
         "min_shm_gb": vm_spec.min_shm_gb,
         "shm_path": vm_spec.shm_path,
-        "secrets": {name: f"{session.plan.layout.secrets}/{name}" for name in session.secrets},
+        # each secret given a value here; one left empty on purpose (no WANDB_API_KEY: W&B offline) is no lack
+        "secrets": {name: f"{session.plan.layout.secrets}/{name}" for name, value in session.secrets.items() if value},
         **({"bucket": session.plan.durable_dir} if gcs.is_gcs(session.plan.durable_dir) else {}),
     }
 
@@ -90,6 +92,9 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
         "jobs": entries,
         "preflight": preflight_request(session),
         "notify": receivers(session),
+        # where the VM's shutdown script finds the pipeline to record a preemption: a VM's, never this machine's
+        # (fab demo writes nothing outside its folder)
+        "register_preemptions": not isinstance(session.vm.conn, Here),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     idle, why = autostop(session, jobs)
@@ -167,8 +172,9 @@ def busy(record: dict, vm_name: str) -> UserError:
     )
 
 
-def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepare) -> None:
-    """Bring `jobs` to done on the VM: start the driver or attach to it, then watch until the pipeline ends."""
+def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepare, progressed=None) -> None:
+    """Bring `jobs` to done on the VM: start the driver or attach to it, then watch until the pipeline ends
+    (`progressed()` told at each step train trains, as fab train --watch counts a recovery that got going)."""
     vm, console = session.vm, session.console
     plan = driver_plan(session, jobs, task)
     current = vm.pipeline
@@ -186,7 +192,7 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
             session.check_token()
         prepare(session)  # the secrets, and the VM ready (its startup script done)
     with Board(console) as board:
-        watcher = Watcher(session, jobs, board)
+        watcher = Watcher(session, jobs, board, progressed)
         # Handed over as "check first" while the token is unchecked (the install read no states): the driver
         # starts nothing then, and says what it would start; a no-op asks the Hub nothing.
         check_first = "HF_TOKEN" in session.secrets and not session.token_checked
@@ -274,8 +280,8 @@ def _watch(session: Session, watcher: Watcher, stream, task: str) -> None:
             stream = session.vm.drive(None, on_idle=watcher.tick)
     except ConnectionLost:
         raise VmUnavailable(
-            f"lost the connection to {session.vm.name} while watching. The pipeline goes on on the VM without "
-            f"this laptop; watch it again: {session.hint(task)}"
+            f"lost the connection to {session.vm.name} while watching",
+            f". The pipeline goes on on the VM without this laptop; watch it again: {session.hint(task)}",
         ) from None
     except KeyboardInterrupt:
         raise StoppedWatching(

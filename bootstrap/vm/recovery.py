@@ -34,25 +34,30 @@ def watch(
     say: Callable[[str], None],
     tell: Callable[[str, dict], None],
     sleep: Callable[[float], None] = time.sleep,
+    preempted: Callable[[float], str | None] = lambda since: None,
 ) -> None:
-    """Run `attempt(recovering, reached)` until it returns; after a VmUnavailable, wait and try again as a recovery,
-    at most `tries` times in a row. An attempt that calls `reached()` got the run going on a VM: the next loss
-    (another preemption, hours later) starts the count and the waits afresh. Each recovery, and giving up, is said
-    and told."""
+    """Run `attempt(recovering, progressed)` until it returns; after a VmUnavailable, wait and try again as a
+    recovery, at most `tries` times in a row. An attempt that calls `progressed()` moved the run on since the last
+    loss (train trained a step on its VM): the next loss (another preemption, hours later) starts the count and the
+    waits afresh. A new VM that answers and is lost again before the run moved counts as a try, so the watch never
+    pays for VMs without end. Each loss says why (`preempted(since)`: the VM's own record of a preemption since
+    then, if any), each recovery and giving up is said and told."""
     recovery, going = 0, [False]
 
-    def reached() -> None:
+    def progressed() -> None:
         going[0] = True
 
     while True:
-        going[0] = False
+        going[0], began = False, time.time()
         try:
-            attempt(recovery > 0, reached)
+            attempt(recovery > 0, progressed)
             return
         except VmUnavailable as lost:
             if going[0]:
                 recovery = 0
-            why = str(lost).split("\n")[0]
+            why = lost.reason.split("\n")[0]
+            if record := preempted(began):
+                why = f"{why}; it was {record}"
             if recovery >= tries:
                 said = f"{why}; fab train --watch gave up after {tries} recoveries (--tries)"
                 tell(said, {"state": "gave-up", "recoveries": tries})

@@ -28,8 +28,9 @@ LOG_TAIL_LINES = 30
 class Watcher:
     """Feed it the driver's items; `finish` reports the outcome (or raises it, on failure)."""
 
-    def __init__(self, session: Session, jobs: list[PlannedJob], board: Board):
+    def __init__(self, session: Session, jobs: list[PlannedJob], board: Board, progressed=None):
         self.session, self.board = session, board
+        self.progressed = progressed or (lambda: None)  # told at each step the trainer logs
         self.jobs = {job.name: job for job in jobs}
         self.progress: dict[str, JobProgress] = {}
         self.ended: dict[str, JobStatus] = {}
@@ -63,6 +64,8 @@ class Watcher:
                 and self.jobs[item["job"]].rendered.progress
             ):
                 self.timing.setdefault((item["job"], item.get("log")), timing.TrainTiming()).feed(item["line"])
+                if timing.STEP.search(item["line"]):
+                    self.progressed()
             return
         event, job = item["event"], item.get("job")
         if event == "decide":

@@ -9,6 +9,7 @@ set anywhere: the demo must not need one.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -22,25 +23,24 @@ from bootstrap import secrets
 from bootstrap.demo import rehearsal
 from bootstrap.paths import REPO
 from bootstrap.remote import jobrunner
-from scripts.maxtext_config_env import python312
 
 FAB = Path(sys.executable).with_name("fab")
 RESULT = re.compile(r"result: GSM8K accuracy ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
 
 
-def demo(tmp: Path, *args: str, network: bool = True) -> subprocess.CompletedProcess:
-    """`fab demo ARGS` as a user runs it, with no Hugging Face token anywhere (another HOME, no token variables)."""
+def demo(tmp: Path, *args: str, network: bool = True, task: str = "demo") -> subprocess.CompletedProcess:
+    """`fab demo ARGS` (or another `task`) as a user runs it, with no Hugging Face token anywhere (another HOME, no
+    token variables), and a PATH whose python3.12 may be a pyenv shim of another version (this machine's is)."""
     kept = {k: v for k, v in os.environ.items() if k not in (*secrets.HUB_TOKEN_SETTINGS, *secrets.HUB_TOKEN_ELSEWHERE)}
     env = {
         **kept,
         "HOME": str(tmp / "home"),
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),  # the wheels, kept
-        "PATH": f"{Path(python312()).parent}:{os.environ['PATH']}",  # the Python 3.12 uv would otherwise download
         rehearsal.ROOT_ENV: str(tmp / "demo"),
         "COLUMNS": "200",
     }
     (tmp / "home").mkdir(exist_ok=True)
-    argv = [str(FAB), "-r", str(REPO), "demo", *args]
+    argv = [str(FAB), "-r", str(REPO), task, *args]
     if not network:  # a network namespace of its own: not even loopback is up
         argv = ["unshare", "--map-root-user", "--net", *argv]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
@@ -88,6 +88,23 @@ def test_the_control_needs_no_network_and_no_token_and_the_gate_holds_it_back(tm
     assert "the publish gate would hold this model back: publish_if: improved, and it did not" in control.stdout
     listed = control.stdout.split("runs recorded in")[-1]
     assert "demo-grpo-" in listed and "demo-control-" in listed  # fab runs: both, side by side
+
+
+def test_it_wrote_nothing_outside_its_folder_and_fab_sees_its_runs_after_it(tmp, learns):
+    """HOME holds nothing after it (no registry of state folders, no cache); its last lines name the commands that
+    show its runs again, and they do."""
+    assert learns.returncode == 0, learns.stdout[-3000:] + learns.stderr
+    assert not list((tmp / "home").rglob("*")), sorted((tmp / "home").rglob("*"))
+    (run,) = [p.name for p in (tmp / "demo" / "runs").glob("demo-grpo-*")]
+    assert f"run {run} (a new demo run) on this machine" in learns.stdout  # not "given with --run-name"
+    assert "See its runs again: fab runs --demo, fab metrics --demo" in learns.stdout
+    listed = demo(tmp, "--demo", "--json", task="runs")
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [row for row in json.loads(listed.stdout) if row["run"] == run]
+    assert row["state"] == "done" and row["accuracy"][1] > row["accuracy"][0]
+    metrics = demo(tmp, "--demo", "--run-name", run, task="metrics")
+    assert metrics.returncode == 0, metrics.stdout[-2000:] + metrics.stderr
+    assert "result: GSM8K accuracy" in metrics.stdout
 
 
 def test_the_demo_uses_the_users_jobs_with_only_what_a_cpu_needs_changed(tmp, learns):

@@ -210,3 +210,12 @@ def test_fab_metrics_reads_the_events_from_the_bucket(recovery: dict):
     assert losses["attempts"] == 2 and losses["steps_redone"] == 0  # lost right after a checkpoint: none
     assert losses["resumed_from"] == [0, LOST_AFTER]  # from the records: the event files cannot say it
     assert losses["minutes_restarting"] > 0
+
+
+def test_wandb_off_wrote_nothing_though_installed(recovery: dict):
+    """results.wandb off (wandb is in the CPU environment all the same, and tunix logs to it whenever it imports):
+    train's W&B run was disabled and wrote no file; nothing left the VM for a third party."""
+    fab: Fab = recovery["fab"]
+    assert "W&B run URL: None" in recovery["log"]  # tunix's own line: wandb imported, its run disabled
+    assert not re.search(r"^wandb: .*(Syncing|saved locally|Tracking run)", recovery["log"], re.M)
+    assert not list((fab.tmp / "state").rglob("*.wandb"))

@@ -38,7 +38,7 @@ from tests.loopback import Fab, edit_yaml
 from tests.maxtext_cpu.conftest import HERE, Release, overrides, set_up
 
 STEPS = 4
-WANDB_RELEASE = "0.2.5"  # the release whose run logs to W&B (the other's shows W&B off)
+WANDB_RELEASE = "0.2.5"  # the release whose run has a W&B key (the other's has none, as the README's offline path)
 WANDB_PROJECT = "tpu-rl-cpu-tier"
 WANDB_KEY = "wandb-cpu-tier-" + "5" * 26
 UNREACHABLE = "http://127.0.0.1:9"  # W&B's server as the "VM" sees it: nothing listens there
@@ -51,16 +51,18 @@ def current_run(fab: Fab) -> str:
 
 @pytest.fixture(scope="module")
 def run(cpu_fab: Fab, release: Release, mlflow_server: str) -> Iterator[dict]:
-    """fab setup, the tiny inputs, then one fab train, tracked by a real MLflow server and, in WANDB_RELEASE's run,
-    by W&B (its key set here, W&B out of reach from the "VM": offline); everything the tests below read."""
+    """fab setup, the tiny inputs, then one fab train, tracked by a real MLflow server and by W&B: in WANDB_RELEASE's
+    run with its key set here and W&B out of reach from the "VM", in the other's with no key at all (both offline);
+    everything the tests below read."""
     set_up(cpu_fab, release)
     inputs = cpu_fab.tmp / "inputs"
     subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
     args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]
-    wandb = release.version == WANDB_RELEASE
-    trackers = {"mlflow": mlflow_server, "wandb": WANDB_PROJECT if wandb else ""}
-    edit_yaml(cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(trackers))
-    if wandb:
+    keyed = release.version == WANDB_RELEASE
+    edit_yaml(
+        cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(mlflow=mlflow_server, wandb=WANDB_PROJECT)
+    )
+    if keyed:
         cpu_fab.secrets[tracking.KEY] = WANDB_KEY
         args += ["--arg", f"train.env.WANDB_BASE_URL={UNREACHABLE}"]
     try:
@@ -68,7 +70,7 @@ def run(cpu_fab: Fab, release: Release, mlflow_server: str) -> Iterator[dict]:
         assert train.returncode == 0, train.stdout[-5000:] + train.stderr
         name = current_run(cpu_fab)
         work = cpu_fab.tmp / "shm" / "llama3.1-8b-Instruct"
-        yield {"args": args, "inputs": inputs, "train": train, "run": name, "work": work, "wandb": wandb}
+        yield {"args": args, "inputs": inputs, "train": train, "run": name, "work": work, "keyed": keyed}
     finally:  # the session's fab, as other modules expect it
         edit_yaml(cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(mlflow="", wandb=""))
         cpu_fab.secrets.clear()
@@ -186,42 +188,44 @@ def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, me
 REWARD = "rewards/train/score/mean"
 
 
+def identity(fab: Fab, run: dict) -> str:
+    """The run's identity in the trackers, from its first start's record (as fab metrics copied the records)."""
+    return attempts.run_identity([path.name for path in (fab.tmp / "runs" / run["run"] / "attempts").glob("*.json")])
+
+
 def test_wandb_logged_the_runs_reward_series_offline_under_its_name_and_never_saw_its_key(
     cpu_fab: Fab, run: dict, metrics: list[dict], release: Release
 ):
-    """On: W&B's own run file holds the reward series fab metrics shows (tunix logs a rollout's metrics one step
-    early: metrics.py), under the run's name; the key is in no output and no file but the VM's secrets folder.
-    Off (the other release, wandb installed all the same): W&B wrote nothing, its run disabled."""
+    """W&B's own run file holds the reward series fab metrics shows (tunix logs a rollout's metrics one step early:
+    metrics.py), under the run's name, its id the run's identity. With a key and W&B out of reach, the key is in no
+    output and no file but the VM's secrets folder; with no key at all (the README's offline path), it went offline
+    all the same."""
     state = cpu_fab.tmp / "state"
-    files = list((state / "runs" / run["run"] / "wandb").rglob("run-*.wandb"))
+    (path,) = list((state / "runs" / run["run"] / "wandb").rglob("run-*.wandb"))
     train_log = job_log(cpu_fab, run, "train")
-    if not run["wandb"]:
-        assert not files and not list(state.rglob("*.wandb"))
-        assert "W&B run URL: None" in train_log  # tunix's own line: wandb imported, its run disabled
-        assert not re.search(r"^wandb: .*(Syncing|saved locally|Tracking run)", train_log, re.M), train_log[-3000:]
-        return
-    assert "[tpu-rl] W&B: 127.0.0.1:9 cannot be reached" in train_log and "logging offline in" in train_log
-    (path,) = files
+    why = "127.0.0.1:9 cannot be reached" if run["keyed"] else "no WANDB_API_KEY was set where fab ran"
+    assert f"[tpu-rl] W&B: {why}: logging offline in" in train_log, train_log[-3000:]
     read = subprocess.run(
         [release.venv / "bin" / "python", HERE / "wandb_file.py", path], capture_output=True, text=True, check=True
     )
     found = json.loads(read.stdout)
-    assert found["runs"] == [{"id": run["run"], "name": run["run"], "project": WANDB_PROJECT}]
+    assert found["runs"] == [{"id": identity(cpu_fab, run), "name": run["run"], "project": WANDB_PROJECT}]
     logged = {row["_step"] + 1: row[REWARD] for row in found["history"] if REWARD in row}
     shown = {int(row["step"]): float(row[REWARD]) for row in metrics if row[REWARD]}
     assert len(shown) == STEPS and logged.keys() == shown.keys()
     assert all(logged[step] == pytest.approx(shown[step], rel=1e-6) for step in shown), (logged, shown)
-    secret = WANDB_KEY.encode()
-    assert WANDB_KEY not in run["train"].stdout + run["train"].stderr
-    holding = [f for f in cpu_fab.tmp.rglob("*") if f.is_file() and not f.is_symlink() and secret in f.read_bytes()]
-    assert holding == [state / "secrets" / tracking.KEY]
+    if run["keyed"]:
+        secret = WANDB_KEY.encode()
+        assert WANDB_KEY not in run["train"].stdout + run["train"].stderr
+        holding = [f for f in cpu_fab.tmp.rglob("*") if f.is_file() and not f.is_symlink() and secret in f.read_bytes()]
+        assert holding == [state / "secrets" / tracking.KEY]
 
 
 def test_mlflow_received_the_run_with_the_numbers_fab_metrics_wrote(cpu_fab: Fab, run: dict, metrics, mlflow_server):
     """Logged at train's end and again by fab metrics: each step once, every reward, eval and the result as
     metrics.csv, evals.csv and summary.json hold them, the run's settings, FINISHED."""
     assert f"MLflow: run {run['run']} logged, {mlflow_server}/#/experiments/" in run["train"].stdout
-    found = mlflowserver.logged(mlflow_server, run["run"])
+    found = mlflowserver.logged(mlflow_server, identity(cpu_fab, run))
     history = found["history"]
     assert history[REWARD] == {int(row["step"]): float(row[REWARD]) for row in metrics if row[REWARD]}
     summary = json.loads((cpu_fab.tmp / "runs" / run["run"] / "summary.json").read_text())

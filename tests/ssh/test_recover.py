@@ -27,6 +27,12 @@ from tests.webhook import Receiver
 SMALL = ("--arg", "vars.num_batches=2")
 
 
+def current_run(fab) -> str | None:
+    """The run the VM's pipeline carries on (its state folder's current-run file)."""
+    path = fab.tmp / "state" / "current-run"
+    return path.read_text().strip() if path.exists() else None
+
+
 @pytest.fixture
 def stack(fab, compute) -> Stack:
     compute.host_keys[INSTANCE] = [tuple(fab.host.host_key.read_text().split()[:2])]
@@ -259,13 +265,18 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
     checkpoint, no step trained twice, the final step exported. Each recovery is said, and told to the receivers
     from this machine (the VM that would tell them is gone)."""
     durable, args = in_a_bucket(gcs_emulator, monkeypatch, seconds=2)
+    # the bucket in jobs/ rather than an --arg: fab runs, which takes none, reads it there
+    edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vars"].update(durable_dir=durable))
+    args = tuple(word for pair in zip(args[::2], args[1::2], strict=True) if "durable_dir" not in pair[1] for word in pair)
     receiver = Receiver()
     monkeypatch.setenv("TPU_RL_TEST_HOOK", receiver.url)
     edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(notify=["TPU_RL_TEST_HOOK"]))
     monkeypatch.setenv("TPU_RL_WATCH_WAIT_SECONDS", "1")  # the first wait; doubled after each failed try
-    actor = f"{durable}/post-train/r1/checkpoints/actor"
-    watching = stack.start("train", "--run-name", "r1", "--watch", "--tries", "8", *args)
+    watching = stack.start("train", "--new-run", "--watch", "--tries", "8", *args)  # no --run-name: the watch pins it
     try:
+        wait_for(lambda: current_run(fab), timeout=300, what="the run the watch started")
+        run = current_run(fab)
+        actor = f"{durable}/post-train/{run}/checkpoints/actor"
         wait_for(lambda: 2 in jobrunner.finished_steps(actor), timeout=300, what="train's checkpoint of step 2")
         state = (
             fab.tmp / "state"
@@ -274,7 +285,7 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
             ["python3", state / "bin" / "preempted.py", state], env=os.environ, capture_output=True, text=True
         )
         assert told.returncode == 0, told.stderr
-        at_step = json.loads(told.stdout)["committed_step"]
+        told_out, at_step = told.stdout, json.loads(told.stdout)["committed_step"]
         stack.unreachable("1001")
         del compute.instances[INSTANCE]  # preempted: Compute Engine deletes a Spot VM
         drop_connections(fab)
@@ -286,7 +297,7 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
         status = stack("status", *args)  # meanwhile: what the VM recorded as it went, not only "no longer exists"
         assert status.returncode == 2 and "no longer exists (deleted on host maintenance" in status.stderr
         assert re.search(
-            rf"; it was preempted on \d{{4}}-\d\d-\d\d at \d\d:\d\d UTC during train \(last committed checkpoint: step {at_step}\)$",
+            rf"; it was preempted on \d{{4}}-\d\d-\d\d at \d\d:\d\d UTC during train \(last committed checkpoint: step {at_step}\)\. Recreate it",
             status.stderr.strip(),
         ), status.stderr
         stack.after_up("2002")  # capacity again
@@ -297,20 +308,35 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
     said = " ".join(out.split())
     assert "recovery 1 of 8 in 1 s" in said and "recovery 2 of 8 in 2 s" in said
     assert "ZONE_RESOURCE_POOL_EXHAUSTED" in out and len(stack.up_calls()) >= 2
-    log = (fab.job_dir("r1", "train") / "log").read_text()
+    log = (fab.job_dir(run, "train") / "log").read_text()
     assert f"Restored params from step: {kept} in" in log
     assert re.findall(r"Train step (\d+) training loss", log) == [str(n) for n in range(kept + 1, 7)]  # none twice
-    config = json.loads((fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / "r1" / "config.json").read_text())
+    config = json.loads((fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / run / "config.json").read_text())
     assert config["exported_from"] == f"{actor}/6/model_params"
     # and the new VM tells the end, as any VM does: in a process of its own, never waited for
     wait_for(lambda: any(p["body"].get("state") == "done" for p in receiver.posts), 60, "the VM telling the end")
     told = [post["body"] for post in receiver.posts]
     recovering = [body for body in told if body.get("state") == "recovering"]
-    assert [body["recovery"] for body in recovering][:2] == [1, 2] and all(b["run"] == "r1" for b in recovering)
+    assert [body["recovery"] for body in recovering][:2] == [1, 2] and all(b["run"] == run for b in recovering)
     (preemption,) = [body for body in told if body.get("kind") == "preempted"]  # told by the VM as it went
-    assert preemption["committed_step"] == at_step and preemption["run"] == "r1"
+    assert preemption["committed_step"] == at_step and preemption["run"] == run
     assert receiver.secret not in out
     receiver.close()
+    # the watch said the VM was preempted, from the VM's own record, and never told the user to do what it was doing
+    assert re.search(rf"it was preempted on .* during train \(last committed checkpoint: step {at_step}\)", said)
+    assert "--run-name" not in out and "fab train --recover" not in out
+
+    listed = stack("runs", "--json")  # before fab metrics: the bucket's record of the preemption, the lost VM's time
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [row for row in json.loads(listed.stdout) if row["run"] == run]
+    assert [p["committed_step"] for p in row["preemptions"]] == [at_step] and row["vms"] == 2, row
+    record = json.loads((fab.tmp / "runs" / run / "record.json").read_text())
+    (lost_vm,) = record["lost_vms"]
+    new_vm = [j for j in record["jobs"].values() if not j.get("lost_vm") and j.get("started")]
+    assert lost_vm["known"] and lost_vm["ended"] == pytest.approx(json.loads(told_out)["at"])  # the record's time
+    assert row["took_s"] == round(lost_vm["ended"] - lost_vm["started"] + max(j["finished"] for j in new_vm)
+                                  - min(j["started"] for j in new_vm))  # fmt: skip
+    assert f"preempted at step {at_step}: fab" in " ".join(stack("runs").stdout.split())  # its cost: fab metrics
 
     metrics = stack("metrics", *args)  # the preemption's record is in the bucket: counted, with what it cost
     assert metrics.returncode == 0, metrics.stderr
@@ -318,7 +344,7 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
         rf"preempted 1 time: at \d\d:\d\d UTC \(last committed step {at_step}, \d+\.\d\d chip-hours lost\)",
         metrics.stdout,
     )
-    (recorded,) = json.loads((fab.tmp / "runs" / "r1" / "record.json").read_text())["preemptions"]
+    (recorded,) = json.loads((fab.tmp / "runs" / run / "record.json").read_text())["preemptions"]
     assert recorded["committed_step"] == at_step and recorded["lost_chip_hours"] is not None
     listed = stack("runs")
     assert listed.returncode == 0, listed.stderr

@@ -40,6 +40,7 @@ class Case:
     file: str = ""
     change: Callable[[bytes], bytes] = lambda b: b
     args: tuple[str, ...] = ()
+    task: str = "train"
 
     def __str__(self) -> str:
         return self.name
@@ -231,6 +232,19 @@ ARG_CASES = [
     Case("unknown job", "bogus: no such job", args=("--arg", "bogus.x=1")),
     Case("vars without name", "--arg vars.=1: --arg: expected JOB.KEY=VALUE", args=("--arg", "vars.=1")),
 ]
+NUMBER_CASES = [  # an option's number that is no number, or out of its range (--every takes fractions: below)
+    Case("probe a fraction", "--probe '2.5': a whole number of at least 0", args=("--probe", "2.5")),
+    Case("probe text", "--probe 'ten': a whole number of at least 0", args=("--probe", "ten")),
+    Case("tries zero", "--tries '0': a whole number of at least 1", args=("--watch", "--tries", "0")),
+    Case("tries a fraction", "--tries '1.5': a whole number", args=("--watch", "--tries", "1.5")),
+    Case("every zero", "--every '0': a number from 0.1 to 86400", args=("--every", "0"), task="tensorboard"),
+    Case("every nan", "--every 'nan': a number from 0.1", args=("--every", "nan"), task="tensorboard"),
+    Case("every text", "--every 'soon': a number", args=("--every", "soon"), task="tensorboard"),
+    Case(
+        "port a fraction", "--port '80.5': a whole number from 0 to 65535", args=("--port", "80.5"), task="tensorboard"
+    ),
+    Case("port too high", "--port '65536': a whole number from 0", args=("--port", "65536"), task="tensorboard"),
+]
 RUN_NAME_CASES = [
     Case(f"run name {name!r}", "--run-name:", args=("--run-name", name))
     for name in ("../x", "a/b", "-x", "x" * 65, " ", "a\x1bb", "a..b", "")
@@ -269,7 +283,7 @@ def fab_train(tmp_path: Path, listener: socket.socket, case: Case, *options: str
         path = jobs / case.file
         path.write_bytes(case.change(path.read_bytes()))
     port = listener.getsockname()[1]
-    command = [FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", *options, "train", *case.args]
+    command = [FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", *options, case.task, *case.args]
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
         process = subprocess.Popen(
             command, env=fab_env(tmp_path, port), stdout=out, stderr=err, preexec_fn=limit_memory
@@ -302,7 +316,7 @@ def one_clean_error(returncode: int, stdout: str, stderr: str, expect: str) -> N
     assert all(line.startswith("error: ") for line in lines) and len(lines) <= 3, stderr
 
 
-@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + RUN_NAME_CASES, ids=str)
+@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + NUMBER_CASES + RUN_NAME_CASES, ids=str)
 def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
     returncode, stdout, stderr, usage = fab_train(tmp_path, listener, case)
     one_clean_error(returncode, stdout, stderr, case.expect)

@@ -4,8 +4,16 @@ file, so that TensorBoard's open reader sees it; a file that is not the copy gro
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from bootstrap.errors import UserError
+from bootstrap.paths import REPO
 from bootstrap.results import board
 
 
@@ -40,3 +48,55 @@ def test_new_records_are_appended_to_the_same_file_and_a_rewritten_one_replaces_
     board.sync(Folder(), str(vm), here)
     assert copy.read_bytes() == b"another run's file, longer"
     reader.close()
+
+
+def test_a_path_outside_the_folder_is_refused_and_nothing_is_written(tmp_path):
+    """A listing that names `../x` (a VM that lies) writes nothing outside the served folder."""
+
+    class Lying(Folder):
+        def list_files(self, directory: str) -> dict[str, int]:
+            return {"../outside": 3}
+
+    here = tmp_path / "here"
+    with pytest.raises(UserError, match="outside"):
+        board.sync(Lying(), str(tmp_path / "vm"), here)
+    assert not (tmp_path / "outside").exists()
+
+
+SERVING = """
+import signal, subprocess, sys, threading, time
+from bootstrap.results import board
+
+copies = []
+def copy():
+    copies.append(time.monotonic())
+    if len(copies) == 3:
+        print("copying", flush=True)
+        while True:  # an SFTP read that never returns, in a library whose bare `except:` would swallow Ctrl-C
+            try:
+                threading.Event().wait()
+            except BaseException:
+                pass
+server = subprocess.Popen(["sleep", "600"])
+try:
+    board.serve(server, copy, float(sys.argv[1]))
+except KeyboardInterrupt:
+    server.kill()
+    print("stopped", len(copies), flush=True)
+"""
+
+
+def test_ctrl_c_ends_the_serving_at_once_even_with_a_copy_in_flight(tmp_path):
+    """Copies every --every seconds (a fraction too) beside the server; Ctrl-C while one hangs ends fab at once."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVING, "0.2"], cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert process.stdout.readline() == "copying\n"  # the third copy, 0.2 s apart
+        assert time.monotonic() - started >= 0.6
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert out == "stopped 3\n" and process.returncode == 0

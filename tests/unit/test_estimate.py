@@ -19,7 +19,7 @@ from bootstrap.errors import UserError
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.results import estimate, timing
+from bootstrap.results import estimate, rates, timing
 from bootstrap.results.runs import RunRecord
 
 TRAIN_STEP = "peft_trainer.py:488] Train step {} training loss: 0.000000  - training perplexity: 1.000000"
@@ -256,12 +256,16 @@ def test_a_spot_run_is_set_against_the_same_run_on_demand_and_each_preemption_ha
     )
     stages = {s.name: s for s in kept.stages}  # a bucket: a new VM's setup and checks, train since its checkpoint
     share = 25 / 50  # the run's own checkpoint period, of its 50 steps
+    train, (start_low, start_high) = stages["train"], stages["train"].startup
+    assert start_high >= rates.START_UP_S[1] > 0  # the restart: loading, compiling, the eval before training
     assert kept.preemption_s() == pytest.approx(
         (
-            stages["setup"].low_s + stages["validate"].low_s + stages["train"].low_s * share,
-            stages["setup"].high_s + stages["validate"].high_s + stages["train"].high_s * share,
+            stages["setup"].low_s + stages["validate"].low_s + start_low + (train.low_s - start_low) * share,
+            stages["setup"].high_s + stages["validate"].high_s + start_high + (train.high_s - start_high) * share,
         )
     )
+    one_restart = stages["setup"].high_s + stages["validate"].high_s + start_high
+    assert kept.preemption_s()[1] >= one_restart  # by the estimate's own figures, never below one restart
     standard = "\n".join(estimate.estimate(plan_for(), "STANDARD", "us-central1-a").lines())
     assert "a preemption" not in standard and "on demand   " not in standard
 
@@ -418,9 +422,14 @@ def test_fab_runs_says_how_far_each_estimate_was_off():
     from bootstrap.tasks.results_tasks import _against_estimate
 
     row = {"took_s": 150.0, "chip_hours": 0.33, "estimate": {"low_s": 60, "high_s": 140}, "state": "done"}
-    assert _against_estimate(row) == "2.5 min\n0.33 chip-h\n(est. 1.0-2.3 min; error +50%)"
+    assert _against_estimate(row) == "2.5 min\n0.33 chip-h\n(est. 1.0-2.3 min: 7% above it)"
     failed = {**row, "state": "failed"}  # its span is no measure of the estimate
     assert _against_estimate(failed) == "2.5 min\n0.33 chip-h\n(est. 1.0-2.3 min)"
+    # 7.6 min against 6.3-38.8 min (the demo, from outside): inside the range, not 66% below its middle
+    inside = {**row, "took_s": 456.0, "estimate": {"low_s": 378, "high_s": 2328}}
+    assert _against_estimate(inside).endswith("(est. 6.3-38.8 min: inside it)")
+    below = {**row, "took_s": 30.0}
+    assert _against_estimate(below).endswith("(est. 1.0-2.3 min: 50% below it)")
 
 
 def test_a_cost_that_comes_back_every_few_steps_is_in_the_step_rate():

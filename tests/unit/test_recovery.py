@@ -12,14 +12,14 @@ from bootstrap.vm import recovery
 
 class Attempts:
     """Each call fails with the next of `outcomes` (None: the run finishes); `reaching`: the calls (0 the first)
-    that got the run going on a VM before they failed."""
+    that moved the run on (trained a step) before they failed."""
 
     def __init__(self, *outcomes, reaching: tuple[int, ...] = ()):
         self.outcomes, self.recovering, self.reaching = list(outcomes), [], reaching
 
-    def __call__(self, recovering: bool, reached) -> None:
+    def __call__(self, recovering: bool, progressed) -> None:
         if len(self.recovering) in self.reaching:
-            reached()
+            progressed()
         self.recovering.append(recovering)
         if outcome := self.outcomes.pop(0):
             raise outcome
@@ -51,6 +51,36 @@ def test_a_recovery_that_got_the_run_going_starts_the_count_afresh_at_the_next_l
     attempts = Attempts(*lost, None, reaching=(0, 1, 2, 3))  # each recovery resumed the run, then it was lost again
     said, _, slept = watched(attempts, tries=2)
     assert slept == [60.0] * 4 and all("recovery 1 of 2" in line for line in said)
+
+
+def test_new_vms_lost_before_the_run_moves_stay_bounded_by_tries_after_one_that_got_going(monkeypatch):
+    """The first VM trained, then each new one answered SSH and was lost before it trained a step: those recoveries
+    are counted, and the watch gives up after --tries of them rather than pay for VMs without end."""
+    monkeypatch.setattr(recovery, "FIRST_WAIT_SECONDS", 60.0)
+    attempts = Attempts(*(VmUnavailable(f"lost {n}") for n in range(10)), reaching=(0,))
+    with pytest.raises(UserError, match="gave up after 3 recoveries"):
+        watched(attempts, tries=3)
+    assert len(attempts.recovering) == 4  # the first VM, then three recoveries that never moved the run
+
+
+def test_a_loss_says_the_preemption_the_vm_recorded_since_the_attempt_began_without_advice_to_run_fab(monkeypatch):
+    """The watch says why the VM went (the shutdown script's record), and never tells the user to run fab train
+    --recover or --run-name: it is doing that itself."""
+    monkeypatch.setattr(recovery, "FIRST_WAIT_SECONDS", 1.0)
+    lost = VmUnavailable("lost the connection to vm while watching", ". Watch it again: fab train --run-name r1")
+    asked = []
+
+    def preempted(since: float) -> str:
+        asked.append(since)
+        return "preempted on 2026-12-05 at 10:00 UTC during train (last committed checkpoint: step 4)"
+
+    said = []
+    recovery.watch(Attempts(lost, None), 3, said.append, lambda text, event: None, lambda s: None, preempted)
+    assert said == [
+        "the VM cannot carry the run on (lost the connection to vm while watching; it was preempted on 2026-12-05 at "
+        "10:00 UTC during train (last committed checkpoint: step 4)); recovery 1 of 3 in 1 s"
+    ]
+    assert len(asked) == 1 and asked[0] > 1.7e9  # since the attempt began
 
 
 def test_the_waits_stop_growing_at_half_an_hour(monkeypatch):

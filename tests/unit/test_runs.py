@@ -82,6 +82,23 @@ def test_fab_runs_puts_this_machines_runs_side_by_side(tmp_path, monkeypatch):
     assert table.returncode == 0 and "r1" in table.stdout and "45.5 -> 60.7" in table.stdout
 
 
+def test_output_piped_to_a_file_or_a_pager_is_not_wrapped(tmp_path, monkeypatch):
+    """Off a terminal, with no COLUMNS: a long path and a long cell stay whole on their line (rich would cut at 80)."""
+    runs_dir = tmp_path / ("r" * 100) / "runs"
+    monkeypatch.setenv("TPU_RL_RUNS", str(runs_dir))
+    kept = {"publish-hub": "held back: publish_if: improved, and it did not improve beyond the interval of 64 problems"}
+    RunRecord("a-run-2026-12-05-01-02-03", results=kept, settings=[], chips=8).save()
+    table = subprocess.run(
+        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},  # readline exports COLUMNS to children
+    )
+    lines = table.stdout.splitlines()
+    assert any(f"runs recorded in {runs_dir}" in line for line in lines), table.stdout
+    assert any(kept["publish-hub"] in line for line in lines), table.stdout
+
+
 def test_one_row_a_run_merged_from_the_laptop_the_vm_and_the_bucket():
     """The laptop kept the base model's eval (a lost VM's first attempt), the VM the eval after training, the
     bucket the checkpoints and the copy: one row with each number from where it was kept."""

@@ -126,10 +126,10 @@ def test_mlflow_receives_the_run_once_and_later_steps_only_once(mlflow_server, m
     running = {"jobs": {"train": {"state": "running"}}, "evals": EVALS, "result": None, "time_split": None}
     diverged = {**SERIES, "actor/train/loss": {1: float("nan"), 2: 0.3}}  # JSON has no NaN: left out, nothing else
     page = mlflow_log.log_run(
-        mlflow_server, "run-a", {"run": "run-a", "train.learning_rate": "3e-4"}, diverged, running
+        mlflow_server, "run-a", "id-a", {"run": "run-a", "train.learning_rate": "3e-4"}, diverged, running
     )
     assert page.startswith(f"{mlflow_server}/#/experiments/")
-    first = mlflowserver.logged(mlflow_server, "run-a")
+    first = mlflowserver.logged(mlflow_server, "id-a")
     assert first["run"]["info"]["status"] == "RUNNING"
     assert first["history"]["rewards/train/score/mean"] == {1: 0.25, 2: 0.5}
     assert first["history"]["eval/accuracy"] == {0: 10.0, 2: 20.0}
@@ -139,8 +139,8 @@ def test_mlflow_receives_the_run_once_and_later_steps_only_once(mlflow_server, m
     evals = [*EVALS, {"phase": "post", "step": None, "accuracy": 40.0, "format_accuracy": 90.0, "mean_reward": 0.4}]
     result = {"before": 10.0, "after": 40.0, "change": 30.0, "interval": 12.5, "line": "GSM8K accuracy 10% -> 40%"}
     done = {"jobs": {"train": {"state": "done"}}, "evals": evals, "result": result, "time_split": {"step_s": 1.5}}
-    mlflow_log.log_run(mlflow_server, "run-a", {"run": "run-a", "train.learning_rate": "3e-4"}, series, done)
-    final = mlflowserver.logged(mlflow_server, "run-a")  # asserts no (metric, step) twice
+    mlflow_log.log_run(mlflow_server, "run-a", "id-a", {"run": "run-a", "train.learning_rate": "3e-4"}, series, done)
+    final = mlflowserver.logged(mlflow_server, "id-a")  # asserts no (metric, step) twice
     assert final["run"]["info"]["status"] == "FINISHED"
     assert final["history"]["rewards/train/score/mean"] == {1: 0.25, 2: 0.5, 3: 1.0}
     assert final["history"]["eval/accuracy"] == {0: 10.0, 2: 20.0, 3: 40.0}
@@ -152,8 +152,8 @@ def test_mlflow_receives_the_run_once_and_later_steps_only_once(mlflow_server, m
 
 def test_a_failed_run_is_failed_in_mlflow(mlflow_server):
     failed = {"jobs": {"train": {"state": "failed"}, "convert": {"state": "done"}}, "evals": []}
-    mlflow_log.log_run(mlflow_server, "run-f", {"run": "run-f"}, SERIES, failed)
-    assert mlflowserver.logged(mlflow_server, "run-f")["run"]["info"]["status"] == "FAILED"
+    mlflow_log.log_run(mlflow_server, "run-f", "id-f", {"run": "run-f"}, SERIES, failed)
+    assert mlflowserver.logged(mlflow_server, "id-f")["run"]["info"]["status"] == "FAILED"
 
 
 def test_an_mlflow_server_out_of_reach_is_one_line_without_its_credentials(monkeypatch):
@@ -162,7 +162,7 @@ def test_an_mlflow_server_out_of_reach_is_one_line_without_its_credentials(monke
         closed.bind(("127.0.0.1", 0))
         url = f"http://127.0.0.1:{closed.getsockname()[1]}"
         with pytest.raises(mlflow_log.MlflowError) as raised:
-            mlflow_log.log_run(url, "run-b", {}, SERIES, {"jobs": {}})
+            mlflow_log.log_run(url, "run-b", "id-b", {}, SERIES, {"jobs": {}})
     said = str(raised.value)
     assert said.startswith(f"{url} cannot be reached") and "\n" not in said and "mlflow-token" not in said
 
