@@ -3,6 +3,7 @@ outside it. (CI has a `shared/` folder beside its clone and a user does not, so 
 hide such a path.)"""
 
 import re
+import subprocess
 
 from bootstrap.paths import REPO
 
@@ -35,3 +36,9 @@ def test_the_check_finds_such_a_path():
     assert OUTSIDE.search(f"see {beside}/gcs_emulation.md")
     assert OUTSIDE.search("CRDS = REPO" + '.parent / "shared"')
     assert not OUTSIDE.search('CRDS = REPO / "tests" / "data" / "crds"')
+
+
+def test_the_folders_the_docs_call_ignored_are_ignored_by_git():
+    """The TPU tier's wheels (docs/tests.md) and the run records: never committed by a `git add -A`."""
+    for path in (".whl-tpu/jax-0.10.2-py3-none-any.whl", "runs/r1/record.json", ".tpu-rl/known_hosts"):
+        assert subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO).returncode == 0, path

@@ -94,7 +94,7 @@ def driver_plan(session: Session, jobs: list[PlannedJob], task: str) -> dict:
         "notify": receivers(session),
         # where the VM's shutdown script finds the pipeline to record a preemption: a VM's, never this machine's
         # (fab demo writes nothing outside its folder)
-        "register_preemptions": not isinstance(session.vm.conn, Here),
+        "register_preemptions": not isinstance(getattr(session.vm, "conn", None), Here),
     }
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
     idle, why = autostop(session, jobs)

@@ -187,6 +187,8 @@ def test_download_and_metrics_read_the_bucket(fab, tmp_path):
     bucket.blob(f"llama3.1-8b-Instruct/post-train/r4/tensorboard/{events.name}").upload_from_filename(str(events))
     metrics = fab("metrics", "--run-name", "r4")
     assert metrics.returncode == 0, metrics.stderr
+    served = fab("tensorboard", "--run-name", "r4")  # the vm backend's live copy: on gke, one line, nothing served
+    assert served.returncode == 2 and "fab tensorboard reads the vm backend's VM; on gke" in served.stderr
     assert "copying event files from gs://my-results/llama3.1-8b-Instruct/post-train/r4/tensorboard" in metrics.stdout
     assert (tmp_path / "runs" / "r4" / "metrics.csv").read_text().splitlines()[1:] == [
         "1,0.25",

@@ -245,9 +245,10 @@ def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu
     series fab metrics wrote; a run whose events arrive while it serves appears; Ctrl-C ends both cleanly."""
     copied = cpu_fab.tmp / "runs" / run["run"] / "tensorboard"
     shutil.rmtree(copied)  # fab metrics' copy: what TensorBoard serves must be fab tensorboard's own
-    process = cpu_fab.start("tensorboard", *run["args"], "--every", "1")
+    process = cpu_fab.start("tensorboard", *run["args"], "--every", "60")
     try:
         url = _said(process, re.compile(r"TensorBoard at (http://127\.0\.0\.1:\d+/)"))
+        assert list(copied.rglob("events.out.tfevents.*"))  # copied before it served: not a minute later
         tags = _until(lambda: json.loads(_get(url + "data/plugin/scalars/tags")), lambda found: found)
         served = next(name for name in tags if name.startswith(run["run"]))
         series = json.loads(_get(f"{url}data/plugin/scalars/scalars?run={served}&tag=rewards/train/score/mean"))

@@ -102,6 +102,11 @@ def test_bad_value_is_one_line_naming_the_key(changes, key, expect):
     assert cpu < 2 and peak < 10 << 20
 
 
+def test_the_longest_instance_name_whose_network_tag_fits_is_taken():
+    name = "a" * 56  # tpu-rl-NAME: 63 characters, GCE's most
+    assert read({**raw(), T + "instanceName": name}).instance_name == name
+
+
 def test_a_flex_start_vm_runs_seven_days_at_most():
     flex = {**raw(), T + "provisioningModel": "FLEX_START"}
     flex.pop(T + "reservation", None)

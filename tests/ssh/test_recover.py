@@ -267,7 +267,9 @@ def test_watch_carries_a_run_preempted_mid_train_on_by_itself_with_every_committ
     durable, args = in_a_bucket(gcs_emulator, monkeypatch, seconds=2)
     # the bucket in jobs/ rather than an --arg: fab runs, which takes none, reads it there
     edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vars"].update(durable_dir=durable))
-    args = tuple(word for pair in zip(args[::2], args[1::2], strict=True) if "durable_dir" not in pair[1] for word in pair)
+    args = tuple(
+        word for pair in zip(args[::2], args[1::2], strict=True) if "durable_dir" not in pair[1] for word in pair
+    )
     receiver = Receiver()
     monkeypatch.setenv("TPU_RL_TEST_HOOK", receiver.url)
     edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["results"].update(notify=["TPU_RL_TEST_HOOK"]))

@@ -10,6 +10,7 @@ import yaml
 from invoke import Context, Exit
 
 from bootstrap.demo import rehearsal
+from bootstrap.errors import UserError
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build, check_local
 from bootstrap.paths import REPO
@@ -96,3 +97,34 @@ def test_a_bucket_in_the_users_jobs_is_never_what_the_demo_writes_to(folder, tmp
     assert not [w for w in words if "gs://" in w]
     train = plan.job("train").rendered
     assert train.env["TPU_RL_CHECKPOINT_DIR"].startswith(f"{folder.root}/work/")  # the checkpoints: the demo's own
+
+
+def test_a_demo_folder_in_this_repository_is_refused_and_never_made(monkeypatch):
+    inside = REPO / "demo-inside-the-clone"
+    monkeypatch.setenv(rehearsal.ROOT_ENV, str(inside))
+    with pytest.raises(Exit, match="it is in this repository or holds it; set TPU_RL_DEMO elsewhere"):
+        demo_tasks.demo(Context())
+    assert not inside.exists()
+
+
+def test_a_demo_folder_inside_the_jobs_it_copies_is_refused(tmp_path):
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    with pytest.raises(UserError, match=f"is inside the jobs folder {jobs}: set TPU_RL_DEMO elsewhere"):
+        rehearsal.write_jobs(jobs, rehearsal.Folder(jobs / "demo"))
+    assert not (jobs / "demo").exists()
+
+
+def test_a_bucket_a_users_job_names_itself_stops_the_demo_before_anything_runs(folder, tmp_path, monkeypatch):
+    """Not a path the demo sets (those are its folder's): the user's own train.yaml names a bucket."""
+    jobs = tmp_path / "jobs"
+    shutil.copytree(REPO / "jobs", jobs)
+    train = yaml.safe_load((jobs / "train.yaml").read_text())
+    train["env"]["MY_DATA"] = "gs://my-bucket/data"
+    (jobs / "train.yaml").write_text(yaml.safe_dump(train))
+    monkeypatch.setenv("TPU_RL_JOBS", str(jobs))
+    monkeypatch.setenv("TPU_RL_RUNS", str(tmp_path / "runs"))  # the demo points both at its folder: put back after
+    monkeypatch.setenv(rehearsal.ROOT_ENV, str(folder.root))
+    with pytest.raises(Exit, match=r"the demo's jobs would use a bucket \(gs://my-bucket/data\)"):
+        demo_tasks.demo(Context())
+    assert not list(folder.state.glob("runs/*/*/log"))  # no job started

@@ -377,3 +377,15 @@ def test_a_kill_at_the_revival_count_or_its_reset_leaves_a_pipeline_the_next_loo
     killed = subprocess.run(start, input=json.dumps(the_plan), env=_crashing("start.forgot-revivals"), text=True)
     assert killed.returncode == -signal.SIGKILL
     assert drive(tmp_path, the_plan)[-1]["state"] == "done"
+
+
+def test_a_plan_that_registers_no_preemptions_writes_nothing_in_the_users_home(tmp_path, monkeypatch):
+    """fab demo's plan (this machine as the VM): no registry of state folders for a shutdown script it has not;
+    a VM's plan registers its state folder for the shutdown script, as before."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    drive(tmp_path, plan(tmp_path, [("a", "true", [])], register_preemptions=False))
+    assert not list(home.rglob("*"))
+    drive(tmp_path, plan(tmp_path, [("a", "true", [])]))
+    assert (home / ".config" / "tpu-rl" / "state-dirs").read_text() == f"{tmp_path / 'state'}\n"

@@ -453,3 +453,48 @@ def test_a_shared_job_an_earlier_run_made_is_done_already_not_the_first_builds_b
     probe.save()
     found = stage(estimate.estimate(plan_for("vars.num_batches=10")), "setup")
     assert (found.low_s, found.high_s) == (0.0, pytest.approx(40.0 * 1.25)) and "done already on run r1" in found.source
+
+
+def step_s(kind: str, completions: float, chips: int = 8) -> tuple[float, float]:
+    """A train step's seconds (low, high) at published rates: one step more, and nothing else."""
+    work = dict(completions=completions, new_tokens=768, sequence=1024, eval_batches=0, eval_completions=32, evals=0)
+    one, two = (rates.train(rates.TrainWork(steps=n, saves=0, **work), kind, chips, 8_030_000_000) for n in (1, 2))
+    return two[0] - one[0], two[1] - one[1]
+
+
+def test_a_steps_generation_grows_with_its_prompts_times_generations_past_one_sequences_bound():
+    """16 completions decode about as fast as one (each is bound by the weights' reads); 512 are bound by vLLM's
+    throughput: the step then takes at least their tokens at the fastest published rate."""
+    few, many = step_s("TPU v6 lite", 16), step_s("TPU v6 lite", 512)
+    tokens = 512 * 768 * rates.COMPLETION_SHARE[1]  # at the slow end, every completion its whole budget
+    assert many[1] >= tokens / (rates.ROLLOUT_TOKENS_S_PER_CHIP[1] * 8)
+    assert many[1] > 5 * few[1]
+
+
+def eval_s(kind: str, completions: float) -> tuple[float, float]:
+    """An eval's seconds (low, high): all generation, one eval more and nothing else."""
+    work = dict(steps=0, completions=1, new_tokens=768, sequence=1024, eval_batches=10, saves=0)
+    one, two = (
+        rates.train(rates.TrainWork(evals=n, eval_completions=completions, **work), kind, 8, 8_030_000_000)
+        for n in (1, 2)
+    )
+    return two[0] - one[0], two[1] - one[1]
+
+
+def test_a_v5e_decodes_at_its_own_bandwidth_and_is_priced_as_a_v5e(runs, jobs_with):
+    """v5e has about half v6e's HBM bandwidth (0.819 against 1.6 TB/s): generating takes that much longer; and its
+    list price is v5e's, not v6e's."""
+    for completions in (1, 512):  # bound by one sequence's weight reads, then by throughput
+        v6e, v5e = eval_s("TPU v6 lite", completions), eval_s("TPU v5 lite", completions)
+        assert v5e[0] / v6e[0] == pytest.approx(1.6 / 0.819) and v5e[1] / v6e[1] == pytest.approx(1.6 / 0.819)
+    plan = plan_for(jobs=jobs_with(accelerator="host", chips=8, chip_kind="TPU v5 lite"))
+    found = estimate.estimate(plan, "STANDARD", "us-central1-a")
+    assert found.price == 1.20 and "v5e in us-central1" in found.price_source
+
+
+def test_a_run_whose_train_is_not_done_calibrates_nothing(runs):
+    plan = plan_for("vars.num_batches=4")
+    record = earlier_run(plan)
+    record.jobs["train"] = {**record.jobs["train"], "state": "failed"}
+    record.save()
+    assert estimate.estimate(plan_for("vars.num_batches=10")).calibrated_on == ""

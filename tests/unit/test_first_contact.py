@@ -88,6 +88,21 @@ def test_the_token_is_checked_with_the_hub_before_any_vm(tmp_path, jobs):
     assert "the Hub rejects this token" in one_line(bad)
 
 
+def test_fab_token_checks_it_may_write_the_repository_the_run_publishes_to(tmp_path, jobs):
+    text = (jobs / "pipeline.yaml").read_text().replace('  hub_repo: ""', "  hub_repo: tester/grpo-model")
+    (jobs / "pipeline.yaml").write_text(text)
+    state, server = hubstub.serve()
+    state.tokens["hf_write" + "x" * 30] = hubstub.Token()
+    state.tokens["hf_read" + "x" * 30] = hubstub.Token(role="read")
+    try:
+        writer = fab(tmp_path, jobs, "token", HF_TOKEN="hf_write" + "x" * 30, HF_ENDPOINT=state.url)
+        reader = fab(tmp_path, jobs, "token", HF_TOKEN="hf_read" + "x" * 30, HF_ENDPOINT=state.url)
+    finally:
+        server.shutdown()
+    assert writer.returncode == 0 and "HF_TOKEN: can write tester/grpo-model" in writer.stdout, writer.stderr
+    assert "results.hub_repo: this token is read-only" in one_line(reader)
+
+
 @pytest.mark.parametrize(
     ("args", "meant"),
     [

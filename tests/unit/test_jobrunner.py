@@ -307,3 +307,22 @@ def test_a_wait_ends_when_a_process_it_watches_ends_and_never_early_for_one_gone
     began = time.monotonic()
     jobrunner.wait_for_an_end([record, reused], 0.3)
     assert time.monotonic() - began >= 0.3
+
+
+def test_trusted_reads_a_folder_only_while_its_job_is_done_with_its_seals_intact(tmp_path, capsys):
+    """fab download and fab metrics ask `trusted` first: a job that is not done (failed, never run, its sealed file
+    changed since) is refused in one line, and nothing is read."""
+    folder, job = tmp_path / "export", tmp_path / "job"
+    folder.mkdir(mode=0o700)
+    job.mkdir()
+    sums = folder / "SHA256SUMS"
+    spec = {"name": "export", "argv": [sys.executable, "-c", f"open({str(sums)!r}, 'w').write('a  m\\n')"]}
+    (job / "spec.json").write_text(json.dumps({**spec, "env": {}, "secrets": [], "outputs": [str(sums)]}))
+    assert jobrunner.trusted(str(folder), str(job)) == 65  # never run: pending
+    assert "its job is pending; nothing read from it" in capsys.readouterr().err
+    assert jobrunner._Job(str(job)).run() == 0
+    assert jobrunner.trusted(str(folder), str(job)) == 0
+    assert json.loads(capsys.readouterr().out) == {str(sums): jobrunner.seals([str(sums)])[str(sums)]}
+    sums.write_text("b  m\n")  # planted after a restart: not what the job verified
+    assert jobrunner.trusted(str(folder), str(job)) == 65
+    assert "its job is lost (SHA256SUMS changed since it was verified)" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from bootstrap.errors import UserError
 from bootstrap.remote import manifest
+from bootstrap.results import transfer
 from bootstrap.results.transfer import inside
 
 
@@ -73,3 +75,34 @@ def test_a_link_out_of_dest_is_refused(tmp_path):
     with pytest.raises(UserError, match="would land outside"):
         inside(dest, "out/escaped", "vm:/export/SHA256SUMS")
     assert inside(dest, "sub/ok", "vm") == Path(dest / "sub" / "ok")
+
+
+def test_a_download_refuses_sha256sums_that_are_not_the_ones_its_job_sealed(tmp_path):
+    """transfer.download_verified, given the seal (the SHA-256 the export job recorded of its SHA256SUMS): another
+    SHA256SUMS vouches for someone else's files and is refused before anything is written."""
+
+    class Export:
+        name = "vm"
+
+        def __init__(self, files: dict[str, bytes]):
+            self.files = files
+
+        def read_text(self, path: str) -> str | None:
+            data = self.files.get(path.rsplit("/", 1)[1])
+            return data.decode() if data is not None else None
+
+        def fetch(self, path: str, target: Path) -> None:
+            target.write_bytes(self.files[path.rsplit("/", 1)[1]])
+
+    weights = b"weights"
+    sums = f"{hashlib.sha256(weights).hexdigest()}  model.safetensors\n".encode()
+    source = Export({"SHA256SUMS": sums, "model.safetensors": weights})
+    sealed = hashlib.sha256(sums).hexdigest()
+    with pytest.raises(UserError, match="not the one its export job verified"):
+        transfer.download_verified(source, "/export", tmp_path / "planted", lambda *a: None, sealed="0" * 64)
+    assert not (tmp_path / "planted").exists()
+    found = transfer.download_verified(source, "/export", tmp_path / "model", lambda *a: None, sealed=sealed)
+    assert (
+        found == {"model.safetensors": len(weights)}
+        and (tmp_path / "model" / "model.safetensors").read_bytes() == weights
+    )

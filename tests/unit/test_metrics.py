@@ -155,6 +155,11 @@ def test_what_a_loss_cost_is_read_from_the_attempts_event_files(tmp_path):
     charged = metrics.preemption_cost(preempted, cost, chips=8)
     assert charged[0]["lost_chip_hours"] == pytest.approx(restart["minutes"] / 60 * 8, abs=0.001)
     assert charged[1]["lost_chip_hours"] is None  # no start after it yet: not known
+    twice = [
+        {"at": begun - 120, "committed_step": 3},
+        {"at": begun - 60, "committed_step": 3},
+    ]  # one restart after both
+    assert [p["lost_chip_hours"] is None for p in metrics.preemption_cost(twice, cost, chips=8)].count(False) == 1
 
 
 def test_a_step_trained_by_three_starts_counts_twice_and_one_trained_once_never(tmp_path):

@@ -170,7 +170,7 @@ def test_an_mlflow_server_out_of_reach_is_one_line_without_its_credentials(monke
 REFUSED_RUN = """
 import sys
 from bootstrap.remote import wandb_run
-assert wandb_run.prepare()
+assert wandb_run.prepare(run_id="0123456789abcdef")
 import wandb
 run = wandb.init(project="tunix", name="2026-12-04_12-00-00", anonymous="allow")  # as tunix's metrax backend calls it
 for step in range(3):
@@ -224,7 +224,125 @@ def test_a_key_w_and_b_refuses_never_stops_train_it_logs_offline_under_the_runs_
     refusing.server.shutdown()
     assert done.returncode == 0, done.stderr[-3000:]
     (found,) = [line.split()[1:] for line in done.stdout.splitlines() if line.startswith("found:")]
-    assert found == ["run-7", "run-7", "grpo", "offline"]
+    assert found == ["0123456789abcdef", "run-7", "grpo", "offline"]  # the run's identity, its name
     assert "[tpu-rl] W&B: W&B refused the run or did not answer" in done.stderr
-    assert list(tmp_path.glob("wandb/offline-run-*-run-7/run-run-7.wandb"))
+    assert list(tmp_path.glob("wandb/offline-run-*-0123456789abcdef/run-0123456789abcdef.wandb"))
     assert env[tracking.KEY] not in done.stdout + done.stderr
+
+
+class Answering:
+    """An HTTP server that answers every request with one fixed reply, and keeps what it was sent."""
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[dict] = []
+        kept = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def answer(self):
+                size = int(self.headers.get("Content-Length") or 0)
+                kept.append({"path": self.path, "headers": dict(self.headers), "body": self.rfile.read(size)})
+                self.send_response(status)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = answer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("body", [b"{}", b"[]", b"null", b'"ok"', b"<html>a proxy's page</html>", b'{"experiment": 3}'])
+def test_an_answer_that_is_not_mlflows_is_one_line_never_a_traceback(body):
+    other = Answering(200, body)
+    try:
+        with pytest.raises(mlflow_log.MlflowError) as raised:
+            mlflow_log.log_run(other.url, "run-s", "id-s", {}, SERIES, {"jobs": {}})
+    finally:
+        other.close()
+    assert "\n" not in str(raised.value) and str(raised.value)
+
+
+def test_a_redirect_is_refused_and_the_token_never_follows_it(monkeypatch):
+    """urllib would send the Authorization header on to wherever a redirect points."""
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "mlflow-token-789")
+    elsewhere = Answering(200, b"{}")
+    redirecting = Answering(302, b"", {"Location": f"{elsewhere.url}/api/2.0/mlflow/experiments/get-by-name"})
+    try:
+        with pytest.raises(mlflow_log.MlflowError, match="HTTP 302"):
+            mlflow_log.log_run(redirecting.url, "run-r", "id-r", {}, SERIES, {"jobs": {}})
+    finally:
+        redirecting.close(), elsewhere.close()
+    assert elsewhere.requests == []
+    (asked,) = redirecting.requests
+    assert asked["headers"]["Authorization"] == "Bearer mlflow-token-789"  # sent to the server itself, as set
+
+
+def test_basic_credentials_are_sent_when_no_token_is_set(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "me")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "pw-123")
+    refusing = Answering(401, b'{"error_code": "UNAUTHENTICATED", "message": "no"}')
+    try:
+        with pytest.raises(mlflow_log.MlflowError, match="HTTP 401 UNAUTHENTICATED"):
+            mlflow_log.log_run(refusing.url, "run-c", "id-c", {}, SERIES, {"jobs": {}})
+    finally:
+        refusing.close()
+    assert refusing.requests[0]["headers"]["Authorization"] == "Basic bWU6cHctMTIz"  # me:pw-123
+
+
+def test_two_runs_of_one_name_are_two_mlflow_runs_and_each_is_logged_once_again(mlflow_server, monkeypatch):
+    """Another stack's or user's run named like this one is another MLflow run, with its own parameters and losses;
+    logging one run again adds nothing twice and sends its parameters once."""
+    running = {"jobs": {"train": {"state": "done"}, "export": {"state": "running"}}, "evals": []}
+    mlflow_log.log_run(mlflow_server, "same-name", "id-one", {"lr": "1e-3"}, {"loss": {1: 1.0}}, running)
+    mlflow_log.log_run(mlflow_server, "same-name", "id-two", {"lr": "3e-4"}, {"loss": {1: 2.0}}, running)
+    one, two = mlflowserver.logged(mlflow_server, "id-one"), mlflowserver.logged(mlflow_server, "id-two")
+    assert one["run"]["info"]["run_id"] != two["run"]["info"]["run_id"]
+    assert one["run"]["info"]["run_name"] == two["run"]["info"]["run_name"] == "same-name"
+    assert {p["value"] for p in one["run"]["data"]["params"]} == {"1e-3"} and one["history"]["loss"] == {1: 1.0}
+    assert {p["value"] for p in two["run"]["data"]["params"]} == {"3e-4"} and two["history"]["loss"] == {1: 2.0}
+    assert one["run"]["info"]["status"] == "RUNNING"  # export still runs: not FINISHED
+    calls = []
+    real = mlflow_log.Server.call
+    monkeypatch.setattr(mlflow_log.Server, "call", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+    mlflow_log.log_run(mlflow_server, "same-name", "id-one", {"lr": "1e-3"}, {"loss": {1: 1.0, 2: 0.5}}, running)
+    assert not [a for a in calls if a[1] == "runs/log-batch" and "params" in a[2]]  # the parameters once
+    assert mlflowserver.logged(mlflow_server, "id-one")["history"]["loss"] == {1: 1.0, 2: 0.5}
+
+
+def test_no_wandb_key_here_is_no_missing_secret_on_the_vm(tmp_path):
+    """results.wandb on and no WANDB_API_KEY here (the README's offline path): the empty key fab stores replaces the
+    VM's, and the VM's preflight checks only the secrets that have a value, so train starts and logs offline."""
+    from types import SimpleNamespace
+
+    from bootstrap.vm import pipeline
+
+    built = planned(jobs_with(tmp_path, wandb="grpo"))
+    session = SimpleNamespace(plan=built, secrets={"HF_TOKEN": "hf_" + "t" * 34, tracking.KEY: ""})
+    checked = pipeline.preflight_request(session)["secrets"]
+    assert sorted(checked) == ["HF_TOKEN"]
+
+
+def test_the_runs_identity_is_its_first_starts_and_no_other_run_has_it(tmp_path):
+    from bootstrap.remote import attempts
+
+    first = attempts.record(str(tmp_path / "a"), {"started": 1.0})
+    attempts.record(str(tmp_path / "a"), {"started": 2.0})  # a later start of the same run: the same identity
+    other = attempts.record(str(tmp_path / "b"), {"started": 1.0})  # another run of the same name, elsewhere
+    same = attempts.run_identity(attempts.record_names(str(tmp_path / "a")))
+    assert same == attempts.run_identity([first.rsplit("/", 1)[1]]) and len(same) == 16
+    assert attempts.run_identity([other.rsplit("/", 1)[1]]) != same
+    assert attempts.run_identity([]) is None
