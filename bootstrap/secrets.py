@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from .errors import Problem, UserError
-from .remote import jobrunner
+from .remote import joblog
 
 KNOWN = {
     "HF_TOKEN": "the Hugging Face token (export HF_TOKEN=... or run `hf auth login`)",
@@ -19,7 +19,7 @@ KNOWN = {
 }
 # An MLflow server's credentials (results.mlflow): fab logs to it from this machine, so these never leave it.
 MLFLOW_CREDENTIALS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
-REDACTED = jobrunner.REDACTED.decode()
+REDACTED = joblog.REDACTED.decode()
 # The variables huggingface_hub finds the token by (its constants and get_token), but for those that make it take
 # the token from elsewhere first (login_token_path).
 HUB_TOKEN_SETTINGS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_TOKEN_PATH", "HF_HOME", "XDG_CACHE_HOME")

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bootstrap.jobs.plan import _durable_record, runner_spec
-from bootstrap.remote import attempts, faults, gcs, jobrunner, manifest
+from bootstrap.remote import attempts, faults, gcs, jobrunner, manifest, processes
 from bootstrap.remote.jobrunner import Layout
 from bootstrap.results import publish
 from bootstrap.vm.machine import TOOLS
@@ -269,7 +269,7 @@ class Case:
                 break
             except subprocess.TimeoutExpired:
                 record = self.driver_record()
-                gone = bool(record) and not jobrunner.alive(record) and record.get("state") != "running"
+                gone = bool(record) and not processes.alive(record) and record.get("state") != "running"
                 gone_since = (gone_since or time.monotonic()) if gone else None
                 if time.monotonic() > deadline or (gone_since and time.monotonic() - gone_since > HANG_SECONDS):
                     process.kill()
@@ -288,7 +288,7 @@ class Case:
 
     def wait_driver_gone(self) -> None:
         """The driver ends after its pass (and autostop's shutdown); a killed one is gone already."""
-        wait_until(lambda: not jobrunner.alive(self.driver_record()), WAIT_SECONDS, f"{self.name}'s driver to end")
+        wait_until(lambda: not processes.alive(self.driver_record()), WAIT_SECONDS, f"{self.name}'s driver to end")
 
     def ended(self) -> bool:
         """Every job done, and autostop's shutdown ran (and worked)."""
@@ -369,7 +369,7 @@ class Case:
 
         def kill(_process) -> bool:
             record = jobrunner.read_json(os.path.join(self.jobs()[job]["job_dir"], jobrunner.RUNNER))
-            if record and jobrunner.alive(record):
+            if record and processes.alive(record):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(record["pid"], signal.SIGKILL)
             return False

@@ -8,6 +8,7 @@ import pytest
 
 from tests import computestub, gcsemulator, gcslayer
 
+ONE_WORKER = ("tests/unit/test_tracking.py",)  # modules run whole on one worker: their fixtures are costly
 RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
 
 
@@ -15,14 +16,17 @@ RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id
 def pytest_xdist_make_scheduler(config, log):
     """With workers (-n, the default `--dist load`): each test on its own, but for the MaxText CPU tier, whose tests
     of one module and release share one run (a module fixture) and read it in file order: each such module and
-    release is one unit, on one worker. (xdist's own `--dist loadgroup` names its groups through a field pytest 9
-    no longer reads.)"""
+    release is one unit, on one worker; and the trackers' module, whose tests share one MLflow server (15 s to
+    start on a busy machine: once, not once a worker). (xdist's own `--dist loadgroup` names its groups through a
+    field pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class OneRunOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(ONE_WORKER):
+                return nodeid.partition("::")[0]
             if not nodeid.startswith("tests/maxtext_cpu/"):
                 return nodeid
             module, _, test = nodeid.partition("::")

@@ -47,6 +47,7 @@ CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/
 STAMP = "2026-11-30T12:00:00Z"
 CHUNK = 64 * 1024
 EXEC_SECONDS = 300  # a pod's command (the driver's runs the whole pipeline)
+POLL_SECONDS = "0.3"  # how often fab and the driver pod look again (TPU_RL_GKE_POLL_SECONDS): this cluster is quick
 REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
@@ -182,6 +183,7 @@ class Kube:
                 "KUBERNETES_SERVICE_HOST": host,  # the kubelet's, in every pod
                 "KUBERNETES_SERVICE_PORT": port,
                 "STORAGE_EMULATOR_HOST": self.storage_url,  # stands in for the pod's Workload Identity
+                "TPU_RL_GKE_POLL_SECONDS": POLL_SECONDS,
             }
             output = self.logs.setdefault(name, bytearray())
             with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:

@@ -186,13 +186,13 @@ def overrides(folder: Folder, learning_rate: str = LEARNING_RATE) -> list[str]:
 
 def stop(folder: Folder) -> int:
     """Stop what the demo's pipeline runs (its driver, runners and jobs), as a deleted VM would; how many."""
-    from ..remote import jobrunner
+    from ..remote import jobrunner, processes
 
     stopped = 0
     for path in [folder.state / "pipeline" / "driver.json", *folder.state.glob("**/runner.json"),
                  *folder.state.glob("**/process.json")]:  # fmt: skip
         record = jobrunner.read_json(str(path))
-        if record and isinstance(record.get("pid"), int) and jobrunner.alive(record):
+        if record and isinstance(record.get("pid"), int) and processes.alive(record):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 kill = os.killpg if path.name == jobrunner.PROCESS else os.kill  # a job: its whole process group
                 kill(record["pid"], signal.SIGKILL)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +45,7 @@ from .jobsets import (
 
 GROUP, VERSION, PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
 HEAD_JOBS = ("pathways-head", "main")  # the replicated job whose pod runs the MaxText module
-POLL_SECONDS = 5
+POLL_SECONDS = float(os.environ.get("TPU_RL_GKE_POLL_SECONDS", "5"))  # the tests' cluster answers at once
 POD_ENDED = ("Succeeded", "Failed")
 CHUNK = 64 * 1024
 

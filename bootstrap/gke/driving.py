@@ -2,7 +2,7 @@
 
 Each job is a JobSet. fab hands the plan it rendered and checked to a driver in the
 cluster (remote/gke_driver.py, in a JobSet of its own, jobsets.driver_jobset), which
-makes driver.Graph's decisions (start, attach, skip, block) from the JobSets' states:
+makes graph.Graph's decisions (start, attach, skip, block) from the JobSets' states:
 the pipeline needs no laptop. `fab train` then watches it: the driver's events (its
 pod's log) and the log lines of each job it runs (its head pod's) reach the same
 Watcher as a VM's stream; `--detach` returns at once. One driver per run: the same plan
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 
 from ..errors import StoppedWatching, UserError
 from ..jobs.plan import PlannedJob
-from ..remote.driver import Action, clock
+from ..remote.graph import Action, clock
 from ..remote.jobrunner import JobState
 from ..session import Session
 from ..vm.machine import ConnectionLost
@@ -29,7 +30,7 @@ from ..vm.watch import LOG_TAIL_LINES, Watcher
 from . import jobsets
 from .session import target_of
 
-POLL_SECONDS = 5
+POLL_SECONDS = float(os.environ.get("TPU_RL_GKE_POLL_SECONDS", "5"))  # the tests' cluster answers at once
 FINISH_SECONDS = 60  # after the driver's last event: how long its pod, and the jobs' logs, may take to end
 LOST_SECONDS = 10  # the API lost: how long the other readers may take to see it too before fab exits
 

@@ -3,7 +3,7 @@
 Standard library only: the MaxText image's python3 runs it, with the tools from the
 ConfigMap beside it (jobsets.driver_jobset). fab hands it the plan it rendered and checked
 in TPU_RL_PLAN (each job's JobSet, its needs, whether to start it), never code to render
-again. It makes the VM driver's decisions (driver.Graph) by the rule fab uses for a
+again. It makes the VM driver's decisions (graph.Graph) by the rule fab uses for a
 JobSet's state (jobset_state): through the Kubernetes API as the pod's service account,
 which may only get, create and delete this namespace's JobSets (infra/gke.py), and Cloud
 Storage through the pod's Workload Identity. Its log is its events, one JSON object a line.
@@ -28,14 +28,14 @@ import urllib.request
 
 try:
     from . import gcs, jobset_state, retry  # on this machine: bootstrap.remote.gke_driver
-    from .driver import Graph, PipelineState
+    from .graph import Graph, PipelineState
 except ImportError:
     import gcs  # in the cluster: beside this file in the tools folder
     import jobset_state
     import retry
-    from driver import Graph, PipelineState
+    from graph import Graph, PipelineState
 
-POLL_SECONDS = 3
+POLL_SECONDS = float(os.environ.get("TPU_RL_GKE_POLL_SECONDS", "3"))  # the tests' cluster answers at once
 TIMEOUT_SECONDS = 60
 PIPELINE_FAILED, DRIVER_FAILED = 3, 2  # jobsets.driver_jobset's podFailurePolicy ends the Job on the first
 

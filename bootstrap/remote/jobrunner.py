@@ -2,14 +2,12 @@
 
 Copied to the VM and run with its system python3 (standard library only), so it works
 before any environment exists. It owns the folder layout (Layout), the job states
-(JobState), the files of a job folder and the preflight. The pipeline driver
-(driver.py, beside it) launches jobs and runs the preflight through its functions; the
-laptop imports it for the names and uses these subcommands:
+(JobState) and the files of a job folder. The pipeline driver (driver.py, beside it)
+launches jobs through its functions; a job's log is read through joblog.py; the laptop
+imports it for the names and uses these subcommands:
 
     run JOB_DIR                   the detached runner itself (started by `launch`)
     status JOB_DIR...             JSON state of each job
-    follow JOB_DIR [--tail]       stream the job's log until the job is no longer running
-    tail JOB_DIR COUNT [FILE]     the last lines of the job's log (or FILE of its folder)
     copy-down GS_URL DIR          copy a folder of the bucket to DIR (what is there at its size is kept)
     trusted FOLDER [JOB_DIR]      before fab reads FOLDER again: it is the SSH user's alone (folders.py), and
                                   JOB_DIR's job is done with its seals intact; prints the seals (JSON)
@@ -37,24 +35,19 @@ import hashlib
 import json
 import os
 import re
-import select
 import signal
 import sys
 import time
-from collections.abc import Iterator
 
 try:
-    from . import faults, folders, gcs  # on the laptop: bootstrap.remote
+    from . import faults, folders, gcs, processes  # on the laptop: bootstrap.remote
 except ImportError:
     import faults  # on the VM: beside this script in the tools folder
     import folders
     import gcs
+    import processes
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
-LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
-LAUNCH_WAIT_SECONDS = 60
-FOLLOW_POLL_SECONDS = 0.05
-READ_CHUNK = 64 * 1024
 SEAL_MAX_BYTES = (
     16 * 1024 * 1024
 )  # an output file this small is sealed by its SHA-256 (an export's SHA256SUMS, a config)
@@ -68,20 +61,9 @@ RESULT = "result.json"  # the runner's verdict: exit code, error
 DONE = "done"  # written only after the outputs were verified
 LOG = "log"
 RUNNER_ERR = "runner.err"  # the runner's own stderr: shown when it fails to start
-REDACTED = b"<redacted>"  # what a secret becomes in any output (bootstrap/secrets.py uses it too)
-# Zero or more terminal control sequences or control characters (line ends included), between two bytes.
-# Each input has one parse (CSI, OSC, another two-byte escape, or one control byte other than ESC), so
-# matching stays linear: overlapping alternatives would backtrack exponentially on crafted output.
-CONTROL_BYTES = (
-    rb"(?:\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\^_]|[\x00-\x08\x0a-\x1a\x1c-\x1f\x7f])*"
-)
 # A step's shell: waits for the runner's "go" (sent once the process is recorded), runs the command with no
 # input, then keeps its exit code in the file named first.
 GO_THEN_RUN = 'IFS= read -r go; [ "$go" = go ] || exit 0; exec </dev/null; "$@"; echo $? > "$0"'
-QUIET_FLUSH_SECONDS = 1  # bytes held back for a secret's rest are shown once the log is quiet this long
-# What any Hugging Face access token looks like: one the VM no longer holds (rotated since, or a job's own) is
-# redacted too, in a log written before the change.
-TOKEN_SHAPE = (rb"hf_", rb"[A-Za-z0-9]", 30, 128)  # prefix, one character, at least, at most
 
 
 class JobState(str, enum.Enum):
@@ -159,50 +141,6 @@ def read_json(path: str) -> dict | None:
     except (FileNotFoundError, json.JSONDecodeError):
         return None
     return found if isinstance(found, dict) else None
-
-
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat): with the pid, a process identity.
-    None for a process gone, or ended and not yet reaped (a zombie: state Z)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return None if fields[0] == "Z" else fields[19]
-    except (OSError, IndexError):
-        return None
-
-
-def identity(pid: int) -> dict:
-    return {"pid": pid, "start": _start_time(pid)}
-
-
-def alive(record: dict | None) -> bool:
-    """The process recorded in `record` still runs (a reused pid has another start time)."""
-    return bool(record) and record.get("start") is not None and _start_time(record["pid"]) == record["start"]
-
-
-def wait_for_an_end(records: list[dict | None], seconds: float) -> None:
-    """Sleep `seconds`, or less: until one of the live processes these records name ends (a pidfd each), so
-    that what follows a process's end is done at once, not at the next look."""
-    handles, ends = [], select.poll()
-    try:
-        for record in (r for r in records if r and isinstance(r.get("pid"), int) and alive(r)):
-            try:
-                handles.append(os.pidfd_open(record["pid"]))
-            except ProcessLookupError:  # it ended just now
-                return
-            except (AttributeError, OSError):  # no pidfds (Linux before 5.3): those opened, or a plain sleep
-                break
-            if not alive(record):  # it ended, or its pid names another process now, since it was looked at
-                return
-            ends.register(handles[-1], select.POLLIN)
-        if handles:
-            ends.poll(seconds * 1000)
-        else:
-            time.sleep(seconds)
-    finally:
-        for handle in handles:
-            os.close(handle)
 
 
 def finished_steps(directory: str, listing=gcs.names) -> list[int]:
@@ -335,7 +273,7 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
                 state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
     elif result:
         state["state"] = JobState.FAILED
-    elif alive(runner) or alive(process):
+    elif processes.alive(runner) or processes.alive(process):
         state["state"] = JobState.RUNNING
     elif runner:
         state["state"] = JobState.INTERRUPTED
@@ -368,8 +306,8 @@ def _expand(value: str) -> str:
 
 
 def _wait_gone(record: dict) -> None:
-    while alive(record):
-        wait_for_an_end([record], 1)
+    while processes.alive(record):
+        processes.wait_for_an_end([record], 1)
 
 
 class _Job:
@@ -403,7 +341,7 @@ class _Job:
             wrapper, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True
         )
         faults.point("run.started-process")
-        write_json(self.path(PROCESS), {**identity(child.pid), "step": index})
+        write_json(self.path(PROCESS), {**processes.identity(child.pid), "step": index})
         faults.point("run.recorded-process")
         child.stdin.write(b"go\n")
         child.stdin.close()
@@ -426,12 +364,14 @@ class _Job:
         """Its process outlived a dead runner: still running, or ended with its exit code kept."""
         process = read_json(self.path(PROCESS))
         ended = os.path.exists(self.path(EXIT_CODE)) and not os.path.exists(self.path(RESULT))
-        return bool(process) and (alive(process) or ended)
+        return bool(process) and (processes.alive(process) or ended)
 
     def run(self) -> int:
         """Run (or adopt) the job, then write its verdict."""
         self.inputs = inputs_digest(self.spec.get("inputs") or [])  # as the job is about to read them
-        write_json(self.path(RUNNER), {**identity(os.getpid()), "started": time.time(), "host": os.uname().nodename})
+        write_json(
+            self.path(RUNNER), {**processes.identity(os.getpid()), "started": time.time(), "host": os.uname().nodename}
+        )
         faults.point("run.recorded-runner")
         exit_code, error = 1, None
         with open(self.path(LOG), "ab", buffering=0) as log:
@@ -516,7 +456,7 @@ def launch(job_dir: str, spec_text: str) -> dict:
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     state = job_state(job_dir)
     runner = read_json(os.path.join(job_dir, RUNNER))
-    if state["state"] == JobState.RUNNING.value and alive(runner):
+    if state["state"] == JobState.RUNNING.value and processes.alive(runner):
         return state
     if state["state"] != JobState.RUNNING.value and not _Job(job_dir).adoptable():
         # A fresh attempt: forget the old verdict, its exit code and process first (a launch stopped midway
@@ -542,7 +482,7 @@ def launch(job_dir: str, spec_text: str) -> dict:
         os.remove(os.path.join(job_dir, RUNNER))
         faults.point("launch.removed-dead-runner")
     runner = [sys.executable, os.path.abspath(__file__), "run", job_dir]
-    spawn(
+    processes.spawn(
         runner,
         os.path.join(job_dir, RUNNER_ERR),
         lambda _: os.path.exists(os.path.join(job_dir, RUNNER)),
@@ -551,244 +491,12 @@ def launch(job_dir: str, spec_text: str) -> dict:
     return job_state(job_dir)
 
 
-def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS, env=None):
-    """Start `argv` detached (its own session; its output appended to `err_path`; in `env`, else this process's
-    environment) and return `ready(pid)`'s first true answer. Raises RuntimeError with what it wrote when it
-    ended first or took over `wait` s."""
-    import subprocess  # here, not above: every fab command starts a tool on the VM, and few start a process
-
-    offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
-    with open(err_path, "ab") as err:
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, env=env
-        )
-    deadline = time.monotonic() + wait
-    while not (answer := ready(process.pid)):
-        if process.poll() is not None or time.monotonic() > deadline:
-            with open(err_path, "rb") as f:
-                f.seek(offset)
-                text = f.read().decode(errors="replace").strip()
-            raise RuntimeError(f"{what} did not start: {text[-2000:] or 'no output'}")
-        time.sleep(0.01)
-    return answer
-
-
-class Redactor:
-    """Replaces the secrets the VM holds (what its jobs were given) in a byte stream, so that a log shows
-    `<redacted>` even to a laptop that no longer knows the token. A chunk's last bytes wait for the next
-    chunk, so that a secret split between two chunks is still found."""
-
-    def __init__(self, secrets_dir: str):
-        folder = os.path.expanduser(secrets_dir)
-        names = sorted(os.listdir(folder)) if os.path.isdir(folder) else []
-        values = []
-        for name in names:
-            with open(os.path.join(folder, name), "rb") as f:
-                values.append(f.read().strip())
-        # Control sequences and line ends may sit between a secret's characters (a job that colours or
-        # rewrites its output): still the secret, so the pattern lets them through.
-        self.patterns = [
-            CONTROL_BYTES.join(re.escape(value[i : i + 1]) for i in range(len(value))) for value in values if value
-        ]
-        prefix, character, fewest, most = TOKEN_SHAPE
-        shaped = CONTROL_BYTES.join(re.escape(prefix[i : i + 1]) for i in range(len(prefix)))
-        self.patterns.append(shaped + rb"(?:" + CONTROL_BYTES + character + rb"){%d,%d}" % (fewest, most))
-        self.patterns = [re.compile(pattern) for pattern in self.patterns]
-        # room for a colour code (up to about 20 bytes) between each two characters of the longest secret
-        self.keep = 24 * max([len(prefix) + most, *(len(value) for value in values if value)])
-        self.pending = b""
-
-    @classmethod
-    def of(cls, job_dir: str) -> Redactor:
-        """For a job's folder: its spec names the secrets folder (before launch: nothing to redact)."""
-        try:
-            with open(os.path.join(job_dir, SPEC)) as f:
-                return cls(json.load(f).get("secrets_dir", ""))
-        except (OSError, ValueError):
-            return cls("")
-
-    def feed(self, data: bytes) -> bytes:
-        """What of the stream so far can be shown (all of it once `data` is b"": the end, or a quiet log)."""
-        text = self.pending + data
-        for pattern in self.patterns:  # a match that reaches the end may go on in the next chunk: it waits whole
-            end = len(text)
-            text = pattern.sub(lambda m, end=end: m[0] if data and m.end() == end else REDACTED, text)
-        cut = max(0, len(text) - self.keep) if data else len(text)
-        self.pending = text[cut:]
-        return text[:cut]
-
-
-class LogReader:
-    """A job's log read on from where it was, a chunk at a time, secrets redacted: what `follow` and the
-    pipeline driver stream. A log replaced by a fresh attempt (launch keeps the old one aside) is read
-    from its start; `inode` says which log the bytes came from."""
-
-    def __init__(self, job_dir: str, position: int = 0):
-        self.path = os.path.join(job_dir, LOG)
-        self.redactor = Redactor.of(job_dir)
-        self.position, self.inode, self.last_data = position, None, time.monotonic()
-        self.whole_line = position > 0  # begun mid-file: skip to a whole line, or a cut secret would show
-
-    def read(self) -> bytes | None:
-        """The next chunk as it may be shown (b"" while the redactor holds it back); None: nothing new."""
-        try:
-            with open(self.path, "rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                if self.inode is not None and inode != self.inode:
-                    self.position, self.redactor = 0, Redactor.of(os.path.dirname(self.path))
-                self.inode = inode
-                f.seek(self.position)
-                data = f.read(READ_CHUNK)
-        except FileNotFoundError:
-            data = b""
-        if not data:
-            quiet = time.monotonic() - self.last_data > QUIET_FLUSH_SECONDS
-            return self.redactor.feed(b"") if quiet and self.redactor.pending else None
-        self.position += len(data)
-        self.last_data = time.monotonic()
-        if self.whole_line:
-            data, self.whole_line = data.partition(b"\n")[2], False
-        return self.redactor.feed(data)
-
-    def rest(self) -> Iterator[bytes]:
-        """Everything to the end of the log and what the redactor held back: for a job that has ended."""
-        while (chunk := self.read()) is not None:
-            yield chunk
-        yield self.redactor.feed(b"")
-
-
-def follow(job_dir: str, tail: bool) -> int:
-    """Copy the job's log to stdout as it grows, secrets redacted; end once the job is no longer running."""
-    log_path = os.path.join(job_dir, LOG)
-    out = sys.stdout.buffer
-    reader = LogReader(job_dir, max(0, os.path.getsize(log_path) - 8192) if tail and os.path.exists(log_path) else 0)
-    while True:
-        chunk = reader.read()
-        if chunk is not None:
-            out.write(chunk)
-            out.flush()
-            continue
-        if job_state(job_dir)["state"] != JobState.RUNNING.value:
-            for chunk in reader.rest():  # the log read to its end after the job stopped
-                out.write(chunk)
-            out.flush()
-            return 0
-        time.sleep(FOLLOW_POLL_SECONDS)
-
-
-def tail(job_dir: str, count: int, name: str) -> int:
-    """The last `count` lines of a file of the job's folder (its log by default), secrets redacted."""
-    try:
-        with open(os.path.join(job_dir, name), "rb") as f:
-            start = max(0, os.path.getsize(f.name) - 1024 * 1024)
-            f.seek(start)
-            data = f.read()
-    except FileNotFoundError:
-        return 0
-    if start:  # begin at a whole line: a secret cut by the seek would not be found
-        data = data.partition(b"\n")[2]
-    redactor = Redactor.of(job_dir)
-    shown = redactor.feed(data) + redactor.feed(b"")
-    parts = shown.split(b"\n")
-    if parts[-1] == b"":  # the file ends its last line
-        parts = parts[:-1] + [b""]
-        sys.stdout.buffer.write(b"\n".join(parts[-count - 1 :]))
-    else:
-        sys.stdout.buffer.write(b"\n".join(parts[-count:]))
-    return 0
-
-
 def record_run(layout: Layout, run: str) -> None:
     """The run that later fab commands continue."""
     with open(layout.current_run + ".tmp", "w") as f:
         f.write(run + "\n")
     os.replace(layout.current_run + ".tmp", layout.current_run)
     faults.point("current-run.recorded")
-
-
-def _holders(paths: list[str]) -> list[tuple[int, str]]:
-    """Processes that have any of `paths` open (what `fuser` would say)."""
-    holders = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            targets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-            if targets & set(paths):
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    holders.append((int(pid), f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]))
-        except OSError:
-            continue
-    return holders
-
-
-def _group(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
-
-
-def preflight(request: dict, own_groups: set[int] = frozenset()) -> list[dict]:
-    """The VM's checks before the first TPU job; `own_groups`: the process groups of the pipeline's own running
-    jobs, whose hold on the TPU ends before a job that needs them starts."""
-    checks = []
-
-    def check(name: str, ok: bool, message: str) -> None:
-        checks.append({"check": name, "ok": ok, "message": message})
-
-    chips = sorted(glob.glob(request["chip_glob"]))
-    check(
-        "chips",
-        len(chips) >= request["chips"],
-        f"{len(chips)} TPU chips visible ({request['chip_glob']}), {request['chips']} expected",
-    )
-    with open("/proc/meminfo") as f:
-        mem_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    check(
-        "memory",
-        mem_kb / 2**20 >= request["min_memory_gb"],
-        f"{mem_kb / 2**20:.0f} GB RAM, {request['min_memory_gb']} GB needed",
-    )
-    shm = os.statvfs(request["shm_path"])
-    free_gb = shm.f_bavail * shm.f_frsize / 2**30
-    check(
-        "shm",
-        free_gb >= request["min_shm_gb"],
-        f"{free_gb:.0f} GB free in {request['shm_path']}, {request['min_shm_gb']} GB needed",
-    )
-    lockfile = request.get("libtpu_lockfile", LIBTPU_LOCKFILE)
-    found = _holders([lockfile, *chips])
-    holders = [(pid, cmd) for pid, cmd in found if _group(pid) not in own_groups]
-    if holders:
-        names = "; ".join(f"pid {pid} ({cmd})" for pid, cmd in holders)
-        check(
-            "tpu_free",
-            False,
-            f"the TPU is in use by {names}; if it is left from a crashed run, stop it: kill {' '.join(str(p) for p, _ in holders)}",
-        )
-    elif found:
-        check("tpu_free", True, "held only by this pipeline's own running job (the validator)")
-    elif os.path.exists(lockfile):
-        os.remove(lockfile)
-        check("tpu_free", True, f"removed stale {lockfile} (no process held it)")
-    else:
-        check("tpu_free", True, "no process holds the TPU")
-    for name, path in request.get("secrets", {}).items():
-        path = os.path.expanduser(path)
-        present = os.path.isfile(path) and os.path.getsize(path) > 0
-        check(f"secret {name}", present, f"{name} {'is stored' if present else 'is missing'} ({path})")
-    if request.get("bucket"):
-        with gcs.quick():  # a check: an unreachable bucket is its answer, in seconds
-            problem = gcs.probe(request["bucket"])
-        check(
-            "bucket",
-            problem is None,
-            f"the VM may read and write {request['bucket']}"
-            if problem is None
-            else f"the VM cannot use {request['bucket']} ({problem}): its service account needs "
-            "roles/storage.objectAdmin and roles/storage.legacyBucketReader on that bucket (the stack's bucket has "
-            "both), or set results.gcs to another bucket",
-        )
-    return checks
 
 
 def main(argv: list[str]) -> int:
@@ -801,18 +509,12 @@ def main(argv: list[str]) -> int:
             with gcs.quick():
                 print(json.dumps([job_state(os.path.expanduser(d)) for d in args]))
             return 0
-        if command == "follow":
-            return follow(os.path.expanduser(args[0]), "--tail" in args[1:])
-        if command == "tail":
-            return tail(os.path.expanduser(args[0]), int(args[1]), args[2] if len(args) > 2 else LOG)
         if command == "trusted":
             return trusted(args[0], args[1] if len(args) > 1 else None)
         if command == "copy-down":
             with gcs.quick():
                 print(gcs.copy_down(args[0], os.path.expanduser(args[1])))
             return 0
-    except BrokenPipeError:
-        return 0  # the reader went away (fab stopped following)
     except OSError as err:
         return os_error(command, err)
     print(__doc__, file=sys.stderr)

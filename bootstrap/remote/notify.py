@@ -27,10 +27,11 @@ import urllib.parse
 import urllib.request
 
 try:
-    from . import attempts, evals, jobrunner, retry  # on the laptop: bootstrap.remote.notify
+    from . import attempts, evals, joblog, jobrunner, retry  # on the laptop: bootstrap.remote.notify
 except ImportError:
     import attempts  # on the VM: beside this script in the tools folder
     import evals
+    import joblog
     import jobrunner
     import retry
 
@@ -132,7 +133,7 @@ def describe(layout: jobrunner.Layout, event: dict) -> dict:
     for name in event.get("failed") or {}:
         if name in jobs:
             folder = os.path.expanduser(jobs[name]["job_dir"])
-            redactor = jobrunner.Redactor.of(folder)
+            redactor = joblog.Redactor.of(folder)
             tail = redactor.feed(_last_line(folder)) + redactor.feed(b"")
             found["last_line"] = tail.decode(errors="replace").strip()[-300:]
             break

@@ -34,6 +34,10 @@ from .output import Cleaner, lines
 REMOTE_SCRIPTS = Path(jobrunner.__file__).parent
 TOOLS = (
     "jobrunner.py",
+    "joblog.py",
+    "processes.py",
+    "preflight.py",
+    "graph.py",
     "gcs.py",
     "retry.py",
     "faults.py",
@@ -340,7 +344,9 @@ class Vm:
         self, job_dir: str, on_line: Callable[[str], None], on_idle: Callable[[], None] = lambda: None, tail=False
     ) -> None:
         """Hand each log line (cleaned) to `on_line` until the job is no longer running."""
-        channel = self._open(self.runner("follow", job_dir, *(["--tail"] if tail else [])), IDLE_SECONDS)
+        channel = self._open(
+            self.runner("follow", job_dir, *(["--tail"] if tail else []), tool="joblog.py"), IDLE_SECONDS
+        )
         try:
             for line in lines(self._chunks(channel, on_idle)):
                 on_line(self.clean(line))
@@ -402,7 +408,7 @@ class Vm:
 
     def tail(self, job_dir: str, count: int, name: str = jobrunner.LOG) -> list[str]:
         """The last lines of a job's log (or another file of its folder), cleaned like followed output."""
-        code, out, _ = self.execute(self.runner("tail", job_dir, str(count), name))
+        code, out, _ = self.execute(self.runner("tail", job_dir, str(count), name, tool="joblog.py"))
         return [self.clean(line) for line in lines([out.encode()])]
 
     def wait_for_startup(self, marker: str, log: str, console: Console) -> None:

@@ -17,7 +17,7 @@ MAX_LINE = 1024 * 1024
 # CSI and OSC sequences, then any other C0 control or DEL (tab kept).
 CONTROL = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
 LINE_END = re.compile(rb"\r\n|\r|\n")
-TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{30,128}")  # any Hugging Face access token (jobrunner.TOKEN_SHAPE)
+TOKEN_SHAPE = re.compile(r"hf_[A-Za-z0-9]{30,128}")  # any Hugging Face access token (joblog.TOKEN_SHAPE)
 
 
 class Cleaner:

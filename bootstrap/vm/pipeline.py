@@ -21,7 +21,7 @@ from ..errors import StoppedWatching, UserError, VmUnavailable
 from ..jobs import before
 from ..jobs.plan import PlannedJob
 from ..remote import gcs
-from ..remote.driver import PipelineState, clock
+from ..remote.graph import PipelineState, clock
 from ..remote.jobrunner import JobState
 from ..results import estimate
 from ..results.publish import DURABLE_PREFIX
@@ -51,7 +51,7 @@ def autostop(session: Session, jobs: list[PlannedJob]) -> tuple[int | None, str]
 
 def preflight_request(session: Session) -> dict:
     """What the VM must offer: the run's folders its user's alone before the first job (folders.py), then the
-    chips, memory and the secrets before its first TPU job (jobrunner.preflight)."""
+    chips, memory and the secrets before its first TPU job (preflight.py)."""
     vm_spec = session.plan.spec.vm
     return {
         "folders": dict(session.plan.folders),

@@ -14,7 +14,7 @@ from rich.table import Table
 from ..errors import UserError
 from ..jobs.plan import PlannedJob
 from ..remote import evals, jobrunner
-from ..remote.driver import Action, PipelineState
+from ..remote.graph import Action, PipelineState
 from ..results import estimate, timing
 from ..results.runs import minutes
 from ..session import Session

@@ -88,6 +88,7 @@ def fab(cluster, tmp_path, gcs_emulator):
         "HOME": str(tmp_path),
         "KUBECONFIG": str(tmp_path / "kubeconfig"),
         "STORAGE_EMULATOR_HOST": gcs_emulator,
+        "TPU_RL_GKE_POLL_SECONDS": kubestub.POLL_SECONDS,  # the stand-in cluster answers at once
         "TPU_RL_JOBS": str(jobs),
         "TPU_RL_RUNS": str(tmp_path / "runs"),
         "HF_TOKEN": token,

@@ -22,7 +22,7 @@ import pytest
 from bootstrap import secrets
 from bootstrap.demo import rehearsal
 from bootstrap.paths import REPO
-from bootstrap.remote import jobrunner
+from bootstrap.remote import jobrunner, processes
 
 FAB = Path(sys.executable).with_name("fab")
 RESULT = re.compile(r"result: GSM8K accuracy ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
@@ -119,7 +119,7 @@ def test_clean_stops_what_runs_and_removes_the_one_folder(tmp, control):
     sleeper = subprocess.Popen(["sleep", "600"], start_new_session=True)  # a job the demo left running
     job = folder / "state" / "runs" / "x" / "train"
     job.mkdir(parents=True)
-    jobrunner.write_json(str(job / jobrunner.PROCESS), jobrunner.identity(sleeper.pid))
+    jobrunner.write_json(str(job / jobrunner.PROCESS), processes.identity(sleeper.pid))
     done = demo(tmp, "--clean")
     assert done.returncode == 0, done.stderr
     assert sleeper.wait(timeout=30) == -signal.SIGKILL

@@ -20,14 +20,17 @@ import pytest
 
 from bootstrap.demo import MAKE_INPUTS
 from bootstrap.remote import gcs, jobrunner
-from bootstrap.remote.driver import PipelineState
+from bootstrap.remote.graph import PipelineState
 from bootstrap.results import timing
 from tests import gcsemulator
 from tests.loopback import Fab, wait_for
-from tests.maxtext_cpu.conftest import HERE, Release, cpu_fab_at, overrides, set_up
+from tests.maxtext_cpu.conftest import HERE, RELEASES, Release, cpu_fab_at, overrides, set_up
 from tests.stack import INSTANCE, Stack, lose, wipe
 
 STEPS, LOST_AFTER = 4, 2
+# Resuming is tunix's (the same 0.1.7 under both releases) and the bucket's: the releases do not differ in it, so one
+# runs it, the shipped jobs' own.
+RESUMED_RELEASE = "0.2.3"
 COMPILER = "jax._src.compiler"
 TRAIN_STEP_HIT = "Persistent compilation cache hit for 'jit__train_step'"  # JAX's line, at debug level
 
@@ -36,6 +39,11 @@ def ended(fab: Fab) -> bool:
     """Whether the VM's pipeline is over (it failed, or did all): then train will not hold any more."""
     record = jobrunner.read_json(str(fab.tmp / "state" / "pipeline" / "driver.json")) or {}
     return record.get("state") in (PipelineState.DONE.value, PipelineState.FAILED.value)
+
+
+@pytest.fixture(scope="module", params=[RESUMED_RELEASE])
+def release(request) -> Release:
+    return RELEASES[request.param]
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from bootstrap.remote import jobrunner
+from bootstrap.remote import processes
 from tests.loopback import Fab, edit_yaml, wait_for
 
 SLOW = ("--arg", "vars.num_batches=6", "--arg", "train.env.STANDIN_SECONDS=1")
@@ -139,7 +139,7 @@ def test_autostop_is_off_without_a_durable_copy_and_by_default_for_a_vm_given_wi
     edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vm"].update(autostop="12s"))
     assert fab("train", "--arg", "vars.num_batches=2").returncode == 0
     assert "autostop: off: nothing keeps the model outside the VM" in fab("status").stdout  # /dev/shm: the only copy
-    wait_for(lambda: not jobrunner.alive(pipeline(fab)), timeout=60, what="the driver to end: nothing to wait for")
+    wait_for(lambda: not processes.alive(pipeline(fab)), timeout=60, what="the driver to end: nothing to wait for")
     set_results(fab, hub_repo=f"tester/auto-{fab.tmp.name}")
     edit_yaml(fab.jobs / "pipeline.yaml", lambda d: d["vm"].update(autostop="auto"))
     assert fab("train", "--arg", "vars.num_batches=2").returncode == 0

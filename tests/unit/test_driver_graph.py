@@ -11,7 +11,7 @@ from bootstrap.errors import UserError
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote.driver import Action, Graph, PipelineState, decide
+from bootstrap.remote.graph import Action, Graph, PipelineState, decide
 from bootstrap.remote.jobrunner import JobState
 from bootstrap.results.runs import RunRecord
 from bootstrap.session import Session

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from bootstrap.remote import driver, faults, jobrunner
+from bootstrap.remote import driver, faults, joblog, jobrunner, processes
 from bootstrap.remote.jobrunner import Layout
 from tests.loopback import REPO, wait_for
 
@@ -63,7 +63,7 @@ def test_a_log_replaced_by_a_fresh_attempt_is_read_from_its_start(tmp_path):
     job = tmp_path / "job"
     job.mkdir()
     (job / jobrunner.LOG).write_bytes(b"first attempt\n")
-    reader = jobrunner.LogReader(str(job))
+    reader = joblog.LogReader(str(job))
     assert reader.read() + b"".join(reader.rest()) == b"first attempt\n"
     os.replace(job / jobrunner.LOG, job / "log.1")  # what launch does before a fresh attempt
     (job / jobrunner.LOG).write_bytes(b"second\n")
@@ -123,7 +123,7 @@ def test_a_new_pass_is_told_by_its_events_files_identity_not_its_size(tmp_path):
     old pass says `replaced`, never reads the new file from the old position (mid-line) as its own."""
     layout = Layout(str(tmp_path / "state"))
     os.makedirs(layout.pipeline)
-    record = {**jobrunner.identity(os.getpid()), "state": "running", "digest": "d1", "run": "r1"}  # alive: this process
+    record = {**processes.identity(os.getpid()), "state": "running", "digest": "d1", "run": "r1"}  # alive: this process
     jobrunner.write_json(os.path.join(layout.pipeline, driver.DRIVER), record)
     events = os.path.join(layout.pipeline, driver.EVENTS)
     with open(events, "w") as f:
@@ -160,7 +160,7 @@ def test_a_done_driver_killed_while_it_waits_to_autostop_is_revived_by_the_cront
     assert drive(tmp_path, the_plan)[-1]["state"] == "done"
     first = wait_for(lambda: (r := _record(layout)).get("shutdown") and r, 60, "a refused shutdown")
     os.kill(first["pid"], signal.SIGKILL)  # the driver dies waiting: nothing would ever shut the VM down
-    wait_for(lambda: not jobrunner.alive(first), 30, "the driver gone")
+    wait_for(lambda: not processes.alive(first), 30, "the driver gone")
     assert driver.info(layout)["state"] == "done" and not driver.info(layout)["alive"]
     allow.touch()
     seen = os.path.join(layout.pipeline, driver.SEEN)
@@ -194,7 +194,7 @@ def test_a_driver_the_crontab_revives_runs_its_jobs_where_fab_started_them(tmp_p
     first = json.loads(started.stdout)["started"]
     wait_for(lambda: (tmp_path / "jobs" / "first" / jobrunner.PROCESS).exists(), 60, "the first job")
     os.kill(first["pid"], signal.SIGKILL)  # an OOM kill: the job runs on in its own session
-    wait_for(lambda: not jobrunner.alive(first), 30, "the driver gone")
+    wait_for(lambda: not processes.alive(first), 30, "the driver gone")
     cron = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "PYTHONPATH": str(REPO)}
     revived = subprocess.run(
         [sys.executable, driver.__file__, "revive", layout.root], env=cron, capture_output=True, text=True, check=True
@@ -288,7 +288,7 @@ def test_a_plan_marked_check_first_starts_nothing_while_a_job_would_start_and_le
     assert refused.returncode == driver.CHECK_FIRST
     assert sorted(json.loads(refused.stdout)["check-first"]) == ["b", "c"]  # a is done: both would start now
     assert not (tmp_path / "jobs" / "b").exists() and not (tmp_path / "jobs" / "c").exists()
-    assert _record(layout)["pid"] == waiting["pid"] and jobrunner.alive(waiting)  # still waiting to autostop
+    assert _record(layout)["pid"] == waiting["pid"] and processes.alive(waiting)  # still waiting to autostop
     nothing = _start(layout, {**done, "digest": "d3", "check_first": True})  # all done: it just runs
     assert nothing.returncode == 0 and json.loads(nothing.stdout.splitlines()[-1])["state"] == "done"
     os.kill(_record(layout)["pid"], signal.SIGTERM)

@@ -18,7 +18,7 @@ import pytest
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from bootstrap.remote import gcs, jobrunner, jobset_state, retry
+from bootstrap.remote import gcs, jobrunner, jobset_state, preflight, retry
 from bootstrap.results.publish import durable_overrides
 from tests import gcsemulator
 
@@ -233,9 +233,9 @@ def test_the_preflight_checks_the_vm_may_use_the_bucket_as_maxtext_will(bucket, 
     """Before the first TPU job, in seconds: the bucket's metadata (MaxText's get_bucket), a write, a read."""
     request = {"chips": 0, "chip_glob": str(tmp_path / "none*"), "min_memory_gb": 0, "min_shm_gb": 0}
     request |= {"shm_path": str(tmp_path), "libtpu_lockfile": str(tmp_path / "lock")}
-    ok = {c["check"]: c for c in jobrunner.preflight({**request, "bucket": f"{bucket}/m"})}["bucket"]
+    ok = {c["check"]: c for c in preflight.checks({**request, "bucket": f"{bucket}/m"})}["bucket"]
     assert ok == {"check": "bucket", "ok": True, "message": f"the VM may read and write {bucket}/m"}
-    missing = {c["check"]: c for c in jobrunner.preflight({**request, "bucket": "gs://no-such-bucket-here/m"})}
+    missing = {c["check"]: c for c in preflight.checks({**request, "bucket": "gs://no-such-bucket-here/m"})}
     assert missing["bucket"]["ok"] is False
     assert missing["bucket"]["message"].startswith("the VM cannot use gs://no-such-bucket-here/m (HTTP 404")
     assert "roles/storage.objectAdmin and roles/storage.legacyBucketReader" in missing["bucket"]["message"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.paths import REPO
-from bootstrap.remote import jobrunner
+from bootstrap.remote import joblog, jobrunner, preflight, processes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standin"))
 
@@ -68,7 +68,7 @@ def failed(checks: list[dict]) -> dict[str, str]:
 def test_preflight_counts_chips_memory_and_shm(tmp_path):
     (tmp_path / "vfio").mkdir()
     (tmp_path / "vfio" / "0").write_text("")
-    problems = failed(jobrunner.preflight(request(tmp_path, min_memory_gb=10**6, min_shm_gb=10**6)))
+    problems = failed(preflight.checks(request(tmp_path, min_memory_gb=10**6, min_shm_gb=10**6)))
     assert problems["chips"].startswith("1 TPU chips visible") and "2 expected" in problems["chips"]
     assert "1000000 GB needed" in problems["memory"]
     assert f"free in {tmp_path}" in problems["shm"]
@@ -79,7 +79,7 @@ def test_preflight_removes_a_stale_libtpu_lock(tmp_path):
     for chip in ("0", "1"):
         (tmp_path / "vfio" / chip).write_text("")
     (tmp_path / "libtpu_lockfile").write_text("")
-    checks = jobrunner.preflight(request(tmp_path))
+    checks = preflight.checks(request(tmp_path))
     assert failed(checks) == {}
     assert any("removed stale" in c["message"] for c in checks)
     assert not (tmp_path / "libtpu_lockfile").exists()
@@ -95,9 +95,9 @@ def test_preflight_names_the_process_holding_the_tpu(tmp_path):
     )
     try:
         deadline = time.monotonic() + 10
-        while not failed(jobrunner.preflight(request(tmp_path))) and time.monotonic() < deadline:
+        while not failed(preflight.checks(request(tmp_path))) and time.monotonic() < deadline:
             time.sleep(0.1)
-        message = failed(jobrunner.preflight(request(tmp_path)))["tpu_free"]
+        message = failed(preflight.checks(request(tmp_path)))["tpu_free"]
         assert f"pid {holder.pid}" in message and f"kill {holder.pid}" in message
     finally:
         holder.kill()
@@ -114,12 +114,12 @@ def test_preflight_lets_the_pipelines_own_validator_hold_the_tpu(tmp_path):
     ours = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 10
-        while not failed(jobrunner.preflight(request(tmp_path))) and time.monotonic() < deadline:
+        while not failed(preflight.checks(request(tmp_path))) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert f"pid {ours.pid}" in failed(jobrunner.preflight(request(tmp_path)))["tpu_free"]
-        checks = jobrunner.preflight(request(tmp_path), {ours.pid})
+        assert f"pid {ours.pid}" in failed(preflight.checks(request(tmp_path)))["tpu_free"]
+        checks = preflight.checks(request(tmp_path), {ours.pid})
         assert failed(checks) == {} and any("own running job" in c["message"] for c in checks)
-        assert "tpu_free" in failed(jobrunner.preflight(request(tmp_path), {ours.pid + 10**6}))
+        assert "tpu_free" in failed(preflight.checks(request(tmp_path), {ours.pid + 10**6}))
     finally:
         ours.kill()
 
@@ -130,11 +130,11 @@ def test_preflight_secret_must_be_stored(tmp_path):
         (tmp_path / "vfio" / chip).write_text("")
     secret = tmp_path / "HF_TOKEN"
     secret.write_text("x")
-    assert failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)}))) == {}
+    assert failed(preflight.checks(request(tmp_path, secrets={"HF_TOKEN": str(secret)}))) == {}
     secret.unlink()
     assert (
         "is missing"
-        in failed(jobrunner.preflight(request(tmp_path, secrets={"HF_TOKEN": str(secret)})))["secret HF_TOKEN"]
+        in failed(preflight.checks(request(tmp_path, secrets={"HF_TOKEN": str(secret)})))["secret HF_TOKEN"]
     )
 
 
@@ -203,7 +203,7 @@ def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_pa
     log = b"start hf_stored0123456789 middle hf_stor\red0123456789end\nx hf_st\x1b[1mored0123456789\n"
     expected = b"start <redacted> middle <redacted>end\nx <redacted>\n"
     for cut in range(len(log) + 1):
-        redactor = jobrunner.Redactor(str(tmp_path / "secrets"))
+        redactor = joblog.Redactor(str(tmp_path / "secrets"))
         shown = redactor.feed(log[:cut]) + redactor.feed(log[cut:]) + redactor.feed(b"")
         assert shown == expected, cut
 
@@ -216,11 +216,11 @@ def test_a_token_the_vm_no_longer_holds_is_redacted_in_an_older_log(tmp_path):
     old = b"hf_" + b"AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh"
     log = b"token " + old + b" refused\nx " + old[:10] + b"\x1b[1m" + old[10:] + b"\n"
     for cut in range(len(log) + 1):
-        redactor = jobrunner.Redactor(str(tmp_path / "secrets"))
+        redactor = joblog.Redactor(str(tmp_path / "secrets"))
         shown = redactor.feed(log[:cut]) + redactor.feed(log[cut:]) + redactor.feed(b"")
         assert shown == b"token <redacted> refused\nx <redacted>\n", cut
     script = (  # the shape's pattern stays linear on crafted input, in a child: a regression is a timeout here
-        "import sys; from bootstrap.remote.jobrunner import Redactor\n"
+        "import sys; from bootstrap.remote.joblog import Redactor\n"
         "r = Redactor(sys.argv[1]); r.feed(b'hf_' + b'a\\x1b]\\x07' * 5000 + b'!'); r.feed(b'')\n"
     )
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "secrets")], cwd=REPO, check=True, timeout=30)
@@ -234,7 +234,7 @@ def test_tail_shows_the_last_lines_redacted(tmp_path):
     (job / jobrunner.SPEC).write_text(json.dumps({"secrets_dir": str(tmp_path / "secrets")}))
     (job / jobrunner.LOG).write_text("one\ntwo hf_tail0123456789\nthree\n")
     result = subprocess.run(
-        [sys.executable, jobrunner.__file__, "tail", str(job), "2"], capture_output=True, text=True, check=True
+        [sys.executable, joblog.__file__, "tail", str(job), "2"], capture_output=True, text=True, check=True
     )
     assert result.stdout == "two <redacted>\nthree\n"
 
@@ -243,14 +243,14 @@ def test_redaction_stays_linear_on_crafted_escapes_and_finds_a_coloured_token_ac
     token = b"hf_fake-token-abcdefghijklmnopqrstuvwxyz"
     (tmp_path / "HF_TOKEN").write_bytes(token)
     script = (  # in a child, so that a regression is a timeout here, not a hung suite
-        "import sys; from bootstrap.remote.jobrunner import Redactor\n"
+        "import sys; from bootstrap.remote.joblog import Redactor\n"
         "r = Redactor(sys.argv[1]); r.feed(b'h' + b'\\x1b]\\x07' * 5000 + b'X'); r.feed(b'')\n"
     )
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, check=True, timeout=30)
     coloured = b"".join(token[i : i + 1] + b"\x1b[38;5;196m" for i in range(len(token)))
     log = b"x" * 65536 + coloured + b"\n"
     for cut in (65536, 65536 + 100, 65536 + 300):
-        redactor = jobrunner.Redactor(str(tmp_path))
+        redactor = joblog.Redactor(str(tmp_path))
         shown = redactor.feed(log[:cut]) + redactor.feed(log[cut:]) + redactor.feed(b"")
         assert b"<redacted>" in shown and b"hf_abc" not in shown, cut
 
@@ -264,7 +264,7 @@ def test_tail_starts_at_a_whole_line_so_a_token_cut_by_the_seek_never_shows(tmp_
     (job / jobrunner.SPEC).write_text(json.dumps({"secrets_dir": str(tmp_path / "secrets")}))
     (job / jobrunner.LOG).write_text("x" * 10 + token + "\n" + "y" * (2**20 - len(token) + 5) + "\nlast\n")
     result = subprocess.run(
-        [sys.executable, jobrunner.__file__, "tail", str(job), "5"], capture_output=True, text=True, check=True
+        [sys.executable, joblog.__file__, "tail", str(job), "5"], capture_output=True, text=True, check=True
     )
     assert token[-10:] not in result.stdout and result.stdout.endswith("last\n")
 
@@ -296,16 +296,16 @@ def test_a_wait_ends_when_a_process_it_watches_ends_and_never_early_for_one_gone
     process that ends now returns long before. A process that ended before, or a pid that now names another
     process, never cuts a wait short (the driver would spin): the wait is then the whole sleep."""
     process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-    record = jobrunner.identity(process.pid)
+    record = processes.identity(process.pid)
     began = time.monotonic()
     ender = threading.Timer(0.5, process.stdin.close)  # the process ends half a second into the wait
     ender.start()
-    jobrunner.wait_for_an_end([None, {}, record], 60)
+    processes.wait_for_an_end([None, {}, record], 60)
     assert 0.4 < time.monotonic() - began < 30
     process.wait()
-    reused = {**jobrunner.identity(os.getpid()), "start": "1"}  # this pid, another start time: not that process
+    reused = {**processes.identity(os.getpid()), "start": "1"}  # this pid, another start time: not that process
     began = time.monotonic()
-    jobrunner.wait_for_an_end([record, reused], 0.3)
+    processes.wait_for_an_end([record, reused], 0.3)
     assert time.monotonic() - began >= 0.3
 
 

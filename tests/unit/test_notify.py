@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from bootstrap.remote import driver, jobrunner, notify
+from bootstrap.remote import driver, jobrunner, notify, processes
 from tests.loopback import wait_for
 from tests.ssh.test_notify import Receiver
 from tests.unit.test_driver_process import drive, plan
@@ -193,7 +193,7 @@ def test_the_driver_never_waits_for_a_receiver(tmp_path, monkeypatch):
         items = drive(tmp_path, plan(tmp_path, [("a", "true", [])], notify=[{"name": "HOOK", "secret": "HOOK"}]))
         assert items[-1] == {**items[-1], "event": "finished", "state": "done"}
         record = driver.info(layout)
-        wait_for(lambda: not jobrunner.alive(record), 60, "the driver's end")
+        wait_for(lambda: not processes.alive(record), 60, "the driver's end")
         wait_for(lambda: hanging.connections == 1, 60, "the notifier's POST")
         assert not notify.recent(layout)  # the receiver still holds it: no outcome yet, and the driver is gone
     finally:
