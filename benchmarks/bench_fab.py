@@ -13,6 +13,12 @@
 4. the peak memory (max RSS) of `fab logs` following a job that writes a --log-mb log.
 Needs what the SSH tests need (sshd, uv, a Python 3.12). Prints a small table.
 
+    .venv/bin/python benchmarks/bench_fab.py --fixed-cost [--repeat 15]
+
+measures only fab's fixed cost, side by side in one loop: a no-op `fab train` and `fab status` against a plain
+`ssh host true` (each round runs all three), and where the time goes: the interpreter's start, fab's imports and
+its task collection (`fab --list`, no connection), a bare Fabric connection running `true`.
+
     .venv/bin/python benchmarks/bench_fab.py --against DIR [--repeat 15]
 
 measures 2 and 3 side by side instead: this tree's fab and the one in DIR (another revision's checkout,
@@ -53,10 +59,10 @@ def timed(fab: Fab, *args: str) -> float:
     return time.perf_counter() - started
 
 
-def wall(argv: list[str]) -> float:
-    """Seconds a command takes to its end; it must succeed."""
+def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
+    """Seconds a command takes to its end, its output dropped; it must succeed."""
     started = time.perf_counter()
-    subprocess.run(argv, check=True)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
     return time.perf_counter() - started
 
 
@@ -176,6 +182,33 @@ def side_by_side(host: Host, hub: hubstub.Hub, token: str, tmp: Path, other: Pat
         )
 
 
+def fixed_cost(fab: Fab, repeat: int) -> None:
+    """A no-op fab train and fab status beside ssh true, interleaved so each round pays the machine's cost of that
+    moment; then what a no-op is made of."""
+    args = ("--arg", "vars.num_batches=4")
+    timed(fab, "train", *args)  # everything done from here on
+    rounds: dict[str, list[float]] = {name: [] for name in ("ssh", "train", "status", "python", "list", "fabric")}
+    for _ in range(repeat):
+        rounds["ssh"].append(ssh(fab, "true"))
+        rounds["train"].append(timed(fab, "train", *args))
+        rounds["status"].append(timed(fab, "status", *args))
+        rounds["python"].append(wall([sys.executable, "-c", "pass"]))
+        rounds["list"].append(wall(fab.command("--list"), fab.env()))
+        rounds["fabric"].append(bare_fabric(fab))
+    median = {name: statistics.median(values) for name, values in rounds.items()}
+    base = median["ssh"]
+    print(f"medians of {repeat} rounds; each round ran every line once")
+    for name, what in (
+        ("ssh", "plain `ssh host true`"),
+        ("train", "fab train, everything done"),
+        ("status", "fab status"),
+        ("python", "  of which: Python's start"),
+        ("list", "  of which: Python, fab's imports and its tasks (fab --list, no connection)"),
+        ("fabric", "  of which: a bare Fabric connection running `true` (Python, imports, handshake)"),
+    ):
+        print(f"{what:<80}{median[name]:6.3f} s {median[name] / base:5.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -183,6 +216,7 @@ def main() -> None:
     parser.add_argument("--log-mb", type=int, default=200)
     parser.add_argument("--against", type=Path, help="another checkout: its fab and this tree's, side by side")
     parser.add_argument("--hf-login", action="store_true", help="with --against: the token from `hf auth login`")
+    parser.add_argument("--fixed-cost", action="store_true", help="only a no-op fab train and status against ssh")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory, loopback_host(Path(directory) / "sshd") as host:
         tmp = Path(directory)
@@ -195,6 +229,10 @@ def main() -> None:
             return
         jobs = tmp / "jobs"
         write_test_jobs(jobs, tmp, [str(REPO / "tests" / "standin")])
+        if args.fixed_cost:
+            fixed_cost(Fab(host, tmp, token, jobs, hub), args.repeat)
+            server.shutdown()
+            return
         slow_setup_and_prefetch(Fab(host, tmp, token, jobs, hub), args.seconds)
         fab = Fab(host, tmp, token, jobs, hub)
 
