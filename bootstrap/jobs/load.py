@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import Problem, UserError, shortened
 from ..remote.jobrunner import Layout
-from . import accelerator, schedule, schema, tracking, yamlfile
+from . import accelerator, schedule, schema, task, tracking, yamlfile
 from .accelerator import Accelerator
 from .spec import JOB_NAME, PATTERN_WORDS, JobSpec, PipelineSpec
 
@@ -86,6 +86,7 @@ class Pipeline:
     values: dict[str, str] = field(default_factory=dict)  # the shared vars, resolved
     maxtext: schema.MaxText = field(default_factory=schema.load)  # the version environment.packages installs
     accelerator: Accelerator = field(default_factory=lambda: accelerator.derive(accelerator.AUTO, None, None, None)[0])
+    task: task.Task = field(default_factory=lambda: task.Task("gsm8k", task.GSM8K, Path(task.TASKS), {}))
 
 
 @dataclass
@@ -293,6 +294,7 @@ class JobFiles:
     pipeline: Loaded
     jobs: dict[str, Loaded]
     problems: tuple[Problem, ...] = ()
+    task: Loaded | None = None  # tasks/NAME.yaml of the task pipeline.yaml names (None: GSM8K, built in)
 
 
 def read(directory: Path) -> JobFiles:
@@ -312,7 +314,17 @@ def read(directory: Path) -> JobFiles:
             job_docs[name] = Loaded(path, *yamlfile.load(path))
         except UserError as err:
             problems.extend(err.problems)
-    return JobFiles(directory, pipeline_doc, job_docs, tuple(problems))
+    task_doc = None
+    named = pipeline_doc.data.get("task", task.GSM8K_NAME)
+    path = directory / task.TASKS / f"{named}.yaml"
+    if isinstance(named, str) and re.fullmatch(task.TASK_NAME, named) and path.is_file():
+        try:
+            task_doc = Loaded(path, *yamlfile.load(path))
+        except UserError as err:
+            problems.extend(err.problems)
+    elif isinstance(named, str) and named != task.GSM8K_NAME and re.fullmatch(task.TASK_NAME, named):
+        problems.append(pipeline_doc.origin("task").problem("task", f"task {named!r} has no file {path}"))
+    return JobFiles(directory, pipeline_doc, job_docs, tuple(problems), task_doc)
 
 
 def resolve(
@@ -347,9 +359,46 @@ def resolve(
         ):
             problems.append(pipeline_doc.origin("vm", "accelerator").problem("vm.accelerator", why))
     ordered = _order(jobs, spec.jobs, problems)
+    chosen = _task(files, spec, maxtext, problems)
+    if chosen is not None:
+        for job in (j for j in ordered.values() if j.spec.module == schedule.RL_TRAINER):
+            _with_task(job, chosen, Layout(spec.vm.state_dir), problems)
     if problems:
         raise UserError(problems)
-    return Pipeline(files.directory, spec, pipeline_doc, ordered, values, maxtext, chips)
+    return Pipeline(files.directory, spec, pipeline_doc, ordered, values, maxtext, chips, chosen)
+
+
+def _task(files: JobFiles, spec: PipelineSpec, maxtext: schema.MaxText, problems: list[Problem]) -> task.Task | None:
+    """The task pipeline.yaml names, checked: its YAML, its files (each in its folder), and a MaxText that takes it."""
+    folder = files.directory / task.TASKS
+    if files.task is None:
+        return task.Task(task.GSM8K_NAME, task.GSM8K, folder, {})
+    found = _validate(task.TaskSpec, files.task, problems)
+    if found is None:
+        return None
+    digests = {files.task.path.name: task.digest_of(files.task.path)}
+    for name in task.files_of(found):
+        if why := task.file_problem(folder, name):
+            problems.append(files.task.origin().problem("task", why))
+        else:
+            digests[name] = task.digest_of(folder / name)
+    if not found.builtin and schema.numbers(maxtext.version) < task.LEAST_MAXTEXT:
+        why = (
+            f"a task of your own needs MaxText 0.2.5's reward hooks; the environment installs {maxtext.version} "
+            "(environment.packages: maxtext[tpu-post-train]==0.2.5)"
+        )
+        problems.append(files.pipeline.origin("task").problem("task", why))
+    return task.Task(spec.task, found, folder, digests)
+
+
+def _with_task(job: Job, chosen: task.Task, layout: Layout, problems: list[Problem]) -> None:
+    """The RL trainer's arguments and environment for the task; one it sets itself is refused, naming its line."""
+    for key, value in chosen.train_args(layout).items():
+        if key in job.spec.args:
+            why = f"set by the task {chosen.name} (jobs/tasks/{chosen.name}.yaml): leave it out of {job.doc.path.name}"
+            problems.append(job.origin("args", key).problem(f"args.{key}", why))
+        job.spec.args[key] = value
+    job.spec.env.update(chosen.train_env(layout))
 
 
 def _maxtext(spec: PipelineSpec, doc: Loaded, problems: list[Problem]) -> schema.MaxText:

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from .. import secrets
@@ -23,6 +24,7 @@ from . import check, environment, schedule, tracking
 from .accelerator import Accelerator
 from .load import DEFERRED, SETUP, JobFiles, Pipeline, RenderedJob, provided_values, render, resolve
 from .spec import PipelineSpec
+from .task import GSM8K, GSM8K_NAME, TASKS, Task
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RUN_NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
@@ -79,6 +81,7 @@ class Plan:
     # the SSH user's alone before any job starts (remote/folders.py)
     folders: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     accelerator: Accelerator | None = None  # what the jobs run on (vm.accelerator, the stack's machine type)
+    task: Task = field(default_factory=lambda: Task(GSM8K_NAME, GSM8K, Path(TASKS), {}))  # what train learns
 
     def job(self, name: str) -> PlannedJob:
         for job in self.jobs:
@@ -288,4 +291,5 @@ def build(
         pipeline.maxtext.version,
         MappingProxyType(folders(spec, pipeline.values, layout, rendered)),
         pipeline.accelerator,
+        pipeline.task,
     )

@@ -24,7 +24,7 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r"[0-9]+", version)[:3])
 
 
-def _numbers(version: str) -> tuple[int, ...]:
+def numbers(version: str) -> tuple[int, ...]:
     """A release as pip compares it: 0.2.5.0 is 0.2.5, 0.2.5.1 is not."""
     parts = [int(part) for part in re.findall(r"[0-9]+", version)]
     while parts and parts[-1] == 0:
@@ -111,7 +111,7 @@ def pinned(packages: list[str]) -> MaxText:
             f"{named[0]!r} does not pin one MaxText version; write maxtext[tpu-post-train]==VERSION with a "
             f"supported VERSION ({', '.join(versions)}): the checks, the schedule and the validator follow it"
         )
-    same = [version for version in versions if _numbers(version) == _numbers(exact.group(2))]
+    same = [version for version in versions if numbers(version) == numbers(exact.group(2))]
     if not same or re.search(r"[A-Za-z]", exact.group(2)):  # 0.2.5rc1 is not 0.2.5
         raise ValueError(f"MaxText {exact.group(2)} is not supported; supported: {', '.join(versions)} ({ADDING})")
     return load(same[0])

@@ -219,6 +219,8 @@ class GkeSpec(Strict):
 
 class PipelineSpec(Strict):
     jobs: list[JobName] = Field(min_length=1)
+    # What GRPO learns (jobs/tasks/NAME.yaml, bootstrap/jobs/task.py): gsm8k, MaxText's own, or one of your own
+    task: Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")] = "gsm8k"
     vars: dict[str, str] = {}
     environment: EnvironmentSpec
     vm: VmSpec = VmSpec()

@@ -37,6 +37,7 @@ except ImportError:
 DIR_ENV = "TPU_RL_ATTEMPTS_DIR"  # where the records of the starts go (the job's YAML sets it)
 CHECKPOINTS_ENV = "TPU_RL_CHECKPOINT_DIR"  # whose last committed step a start resumes from
 EVALS_ENV = "TPU_RL_EVALS_DIR"  # where the records of the evals go
+TASK_TALLY = "tpu_rl_task_tally"  # in sys.modules: a task's eval scores, kept by task_rewards.py
 
 
 def record(folder: str, data: dict) -> str:
@@ -101,9 +102,16 @@ class EvalRecorder(logging.Handler):
             print(f"[tpu-rl] could not record an eval in {self.folder}: {err}", file=sys.stderr)
 
     def read(self, line: str) -> str | None:
-        """Record the eval on this line of the trainer's output, if it holds one; where."""
+        """Record the eval on this line of the trainer's output, if it holds one, with the task's measure of it
+        (said in the log too: the laptop reads it there); where."""
         found = self.attempts.read(line)
-        return record(self.folder, {**found, "recorded": time.time()}) if found is not None else None
+        if found is None or "total" not in found:
+            return None
+        tally = sys.modules.get(TASK_TALLY)  # a task of your own's eval scores (task_rewards.py), else none
+        if tally is not None and (measured := tally.take()) is not None:
+            found["task"] = {"name": tally.task, **measured}
+            print(evals.task_line(found["phase"], found["step"], measured, tally.task), file=sys.stderr, flush=True)
+        return record(self.folder, {**found, "recorded": time.time()})
 
 
 def recorded_evals(texts: list[str], total_steps: int | None) -> list[dict]:

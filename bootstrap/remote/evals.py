@@ -1,7 +1,9 @@
-"""The trainer's GSM8K eval lines, read the same way on the laptop (the eval table) and on the VM (the model card).
+"""The trainer's eval lines, read the same way on the laptop (the eval table) and on the VM (the model card).
 
-Standard library only: hub_upload.py imports it beside itself on the VM, where it fills the
-card's table from the train job's log, so the card needs no laptop.
+MaxText logs each held-out eval (GSM8K's accuracy, its format and mean reward); for a task of your own the launcher
+logs the task's measure of the same eval just after it (remote/task_rewards.py), and the run is judged by that.
+Standard library only: hub_upload.py imports it beside itself on the VM, where it fills the card's table from the
+train job's records, so the card needs no laptop.
 """
 
 from __future__ import annotations
@@ -15,6 +17,13 @@ EVAL = re.compile(
     r"partial_accuracy=(?P<partial_accuracy>[\d.]+)%, format_accuracy=(?P<format_accuracy>[\d.]+)%, "
     r"mean_reward=(?P<mean_reward>-?[\d.]+)"
 )
+# the launcher's line after each eval of a task of your own (maxtext_run.py): the task's measure of that eval
+PHASE = r"(?P<phase>Pre RL Training|Intermediate Eval \(step=(?P<step>\d+)\)|Post RL Training)"
+TASK_EVAL = re.compile(
+    r"\[tpu-rl\] task (?P<task>[A-Za-z][A-Za-z0-9_-]*), " + PHASE + r": (?P<measure>[A-Za-z_][A-Za-z0-9_]*)="
+    r"(?P<value>-?[\d.]+)%?, (?:right=(?P<right>\d+)|sd=(?P<sd>[\d.]+)), total=(?P<total>\d+)"
+)
+MEAN_REWARD = "mean_reward"
 # tunix 0.1.7's line when train_rl resumes a run from its last checkpoint (tunix/sft/checkpoint_manager.py)
 RESTORED = re.compile(r"Restored params from step: (\d+) in ")
 CARD_ROWS = "<!-- tpu-rl: eval rows -->"  # where hub_upload.py puts the table's rows in the model card
@@ -26,21 +35,53 @@ PHASES = ("pre", "resumed", "intermediate", "post")
 VALUES = ("corr", "total", "accuracy", "partial_accuracy", "format_accuracy", "mean_reward")
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def valid(item: dict) -> bool:
     """An eval result as `parse` makes it (read back from a record, which is not ours alone)."""
-    numbers = all(isinstance(item.get(k), (int, float)) and math.isfinite(item[k]) for k in VALUES)
+    numbers = all(_number(item.get(k)) for k in VALUES)
     step = item.get("step") is None or isinstance(item.get("step"), int)
-    return item.get("phase") in PHASES and numbers and step and item["total"] > 0
+    task = item.get("task")
+    measured = task is None or (
+        isinstance(task, dict)
+        and isinstance(task.get("name"), str)
+        and isinstance(task.get("measure"), str)
+        and _number(task.get("value"))
+        and _number(task.get("total"))
+        and task["total"] > 0
+        and (_number(task.get("sd")) if task["measure"] == MEAN_REWARD else _number(task.get("right")))
+    )
+    return item.get("phase") in PHASES and numbers and step and item["total"] > 0 and measured
+
+
+def _phase(text: str) -> str:
+    return "pre" if text.startswith("Pre") else "post" if text.startswith("Post") else "intermediate"
 
 
 def parse(line: str) -> dict | None:
-    """One eval result ({phase: pre|intermediate|post, step, accuracy, ...}), or None."""
-    m = EVAL.search(line)
-    if not m:
-        return None
-    values = {k: float(v) for k, v in m.groupdict().items() if k not in ("phase", "step") and v is not None}
-    phase = "pre" if m["phase"].startswith("Pre") else "post" if m["phase"].startswith("Post") else "intermediate"
-    return {"phase": phase, "step": int(m["step"]) if m["step"] else None, **values}
+    """One eval result ({phase: pre|intermediate|post, step, accuracy, ...}), or a task's measure of one
+    ({phase, step, task: {name, measure, value, total, right or sd}}), or None."""
+    if m := EVAL.search(line):
+        values = {k: float(v) for k, v in m.groupdict().items() if k not in ("phase", "step") and v is not None}
+        return {"phase": _phase(m["phase"]), "step": int(m["step"]) if m["step"] else None, **values}
+    if m := TASK_EVAL.search(line):
+        kept = {"right": int(m["right"])} if m["right"] is not None else {"sd": float(m["sd"])}
+        task = {"name": m["task"], "measure": m["measure"], "value": float(m["value"]), "total": int(m["total"])}
+        return {"phase": _phase(m["phase"]), "step": int(m["step"]) if m["step"] else None, "task": {**task, **kept}}
+    return None
+
+
+def task_line(phase: str, step: int | None, measured: dict, task: str) -> str:
+    """The launcher's line of a task's measure of one eval (what TASK_EVAL reads)."""
+    said = {"pre": "Pre RL Training", "resumed": "Pre RL Training", "post": "Post RL Training"}
+    text = said.get(phase, f"Intermediate Eval (step={step})")
+    if measured["measure"] == MEAN_REWARD:
+        value = f"{measured['value']:.4f}, sd={measured['sd']:.4f}"
+    else:
+        value = f"{measured['value']:.2f}%, right={measured['right']}"
+    return f"[tpu-rl] task {task}, {text}: {measured['measure']}={value}, total={measured['total']}"
 
 
 class Attempts:
@@ -63,8 +104,12 @@ class Attempts:
 
 
 def collect(evals: list[dict], new: dict) -> list[dict]:
-    """`evals` with `new` in place of an earlier result of the same phase and step."""
-    return [e for e in evals if (e["phase"], e["step"]) != (new["phase"], new["step"])] + [new]
+    """`evals` with `new` in place of an earlier result of the same phase and step; a task's measure (logged just
+    after its eval) joins that eval's result."""
+    same = lambda e: (e["phase"], e["step"]) == (new["phase"], new["step"])  # noqa: E731
+    if "total" not in new:
+        return [{**e, "task": new["task"]} if same(e) else e for e in evals]
+    return [e for e in evals if not same(e)] + [new]
 
 
 def final(evals: list[dict], total_steps: int | None) -> list[dict]:
@@ -88,13 +133,22 @@ def label(e: dict) -> str:
 
 
 def card_rows(evals: list[dict]) -> str:
-    """The model card's table rows (Markdown)."""
+    """The model card's table rows (Markdown): GSM8K's columns, or a task's measure and the mean reward."""
     rows = [
-        f"| {label(e)} | {e['accuracy']:.2f} | {e['format_accuracy']:.2f} | {e['partial_accuracy']:.2f} "
+        f"| {label(e)} | {task_value(e['task'])} | {e['mean_reward']:.3f} |"
+        if e.get("task")
+        else f"| {label(e)} | {e['accuracy']:.2f} | {e['format_accuracy']:.2f} | {e['partial_accuracy']:.2f} "
         f"| {e['mean_reward']:.3f} |"
         for e in evals
     ]
     return "\n".join(rows) or "| (no eval results recorded) | | | | |"
+
+
+def task_value(measured: dict) -> str:
+    """A task's measure of one eval as a table cell: `78.12 (50/64)`, or a mean reward's `0.438 (sd 0.410, 64)`."""
+    if measured["measure"] == MEAN_REWARD:
+        return f"{measured['value']:.3f} (sd {measured['sd']:.3f}, {measured['total']:.0f})"
+    return f"{measured['value']:.2f} ({measured['right']:.0f}/{measured['total']:.0f})"
 
 
 def from_log(path: str, total_steps: int | None) -> list[dict]:
@@ -123,7 +177,7 @@ def interval(one: dict, other: dict, key: str) -> float:
     return 100 * Z95 * math.sqrt(_spread(one[key], one["total"]) + _spread(other[key], other["total"]))
 
 
-def margin(percent: float, total: int, other_percent: float, other_total: int) -> float:
+def margin_of(percent: float, total: int, other_percent: float, other_total: int) -> float:
     """The 95% interval of the difference of two accuracies, each of its own number of problems."""
     return interval(
         {"accuracy": percent, "total": total}, {"accuracy": other_percent, "total": other_total}, "accuracy"
@@ -133,42 +187,74 @@ def margin(percent: float, total: int, other_percent: float, other_total: int) -
 def outcome(evals: list[dict]) -> dict | None:
     """The run's result: the first attempt's eval before training (never a resumed attempt's eval of restored
     weights) against the last eval (after training, else the latest step's), with the 95% interval of the
-    change (Agresti-Caffo: one success and one failure added to each side, sound at 0% and 100% too)."""
+    change: by the task's measure where the evals carry one, else by GSM8K's accuracy (Agresti-Caffo: one success
+    and one failure added to each side, sound at 0% and 100% too; a mean reward's from its spread)."""
     before = next((e for e in evals if e["phase"] == "pre"), None)
     later = [e for e in evals if e["phase"] != "pre"]
     if before is None or not later:
         return None
     after = next((e for e in later if e["phase"] == "post"), None) or max(later, key=lambda e: e["step"] or 0)
-
-    change = after["accuracy"] - before["accuracy"]
-    margin = interval(before, after, "accuracy")
-    format_margin = interval(before, after, "format_accuracy")
-    return {
-        "before": before["accuracy"],
-        "after": after["accuracy"],
+    found = {
         "after_label": label(after),
-        "change": round(change, 2),
-        "interval": round(margin, 2),
-        "problems": int(after["total"]),
         "format_before": before["format_accuracy"],
         "format_after": after["format_accuracy"],
-        "format_interval": round(format_margin, 2),
+        "format_interval": round(interval(before, after, "format_accuracy"), 2),
         "mean_reward_after": after["mean_reward"],
-        "judged": abs(change) > margin,
     }
+    if (first := before.get("task")) and (last := after.get("task")) and first["measure"] == last["measure"]:
+        if last["measure"] == MEAN_REWARD:
+            margin = Z95 * math.sqrt(first["sd"] ** 2 / first["total"] + last["sd"] ** 2 / last["total"])
+        else:
+            margin = margin_of(first["value"], first["total"], last["value"], last["total"])
+        found |= {"task": last["name"], "measure": last["measure"], "before": first["value"], "after": last["value"]}
+        found["problems"] = int(last["total"])
+    else:
+        margin = interval(before, after, "accuracy")
+        found |= {"task": "", "measure": "accuracy", "before": before["accuracy"], "after": after["accuracy"]}
+        found["problems"] = int(after["total"])
+    change = found["after"] - found["before"]
+    return {**found, "change": round(change, 4), "interval": round(margin, 4), "judged": abs(change) > margin}
+
+
+def _said(result: dict, value: float) -> str:
+    """A value of the run's measure as the result line says it: a mean reward as a number, the rest in %."""
+    return f"{value:.3f}" if result["measure"] == MEAN_REWARD else f"{value:.1f}%"
+
+
+def measure_name(result: dict) -> str:
+    """`GSM8K accuracy`, `arithmetic correct`, `arithmetic mean reward`: what the run is judged by."""
+    if not result.get("task"):
+        return "GSM8K accuracy"
+    return f"{result['task']} {result['measure'].replace('_', ' ')}"
+
+
+def change_said(result: dict) -> str:
+    """`+13.3 points, 95% interval +-3.8`, or a mean reward's `+0.125, 95% interval +-0.050`."""
+    if result["measure"] == MEAN_REWARD:
+        return f"{result['change']:+.3f}, 95% interval +-{result['interval']:.3f}"
+    return f"{result['change']:+.1f} points, 95% interval +-{result['interval']:.1f}"
 
 
 def result_line(result: dict) -> str:
     """`GSM8K accuracy 48.2% -> 61.5% (+13.3 points, 95% interval +-3.8) on 1,319 held-out problems; format 71% ->
-    98%`, and when the change is within the interval, that these problems cannot tell it from noise."""
+    98%` (a task of your own: its measure, `arithmetic correct 12.5% -> 78.1% (...)`), and when the change is within
+    the interval, that these problems cannot tell it from noise."""
     line = (
-        f"GSM8K accuracy {result['before']:.1f}% -> {result['after']:.1f}% ({result['change']:+.1f} points, 95% "
-        f"interval +-{result['interval']:.1f}) on {result['problems']:,} held-out problems; format "
-        f"{result['format_before']:.0f}% -> {result['format_after']:.0f}%"
+        f"{measure_name(result)} {_said(result, result['before'])} -> {_said(result, result['after'])} "
+        f"({change_said(result)}) on {result['problems']:,} held-out problems"
     )
+    if not result.get("task"):
+        line += f"; format {result['format_before']:.0f}% -> {result['format_after']:.0f}%"
     if not result["judged"]:
-        line += f"; too few problems to tell this change from noise (+-{result['interval']:.1f} points)"
+        line += f"; too few problems to tell this change from noise ({noise(result)})"
     return line
+
+
+def noise(result: dict) -> str:
+    """The interval as a margin: `+-3.8 points`, or a mean reward's `+-0.050`."""
+    if result["measure"] == MEAN_REWARD:
+        return f"+-{result['interval']:.3f}"
+    return f"+-{result['interval']:.1f} points"
 
 
 def resumes(evals: list[dict]) -> list[str]:
@@ -186,18 +272,21 @@ def resumes(evals: list[dict]) -> list[str]:
 
 def warnings(result: dict) -> list[str]:
     """What a practitioner would point out, one line each with its numbers: the format learned instead of the
-    task, and a model worse than the one it was trained from."""
+    task (GSM8K's format), and a model worse than the one it was trained from."""
     found = []
     format_rose = result["format_after"] - result["format_before"] > result["format_interval"]
-    if format_rose and result["change"] <= result["interval"]:
+    if not result.get("task") and format_rose and result["change"] <= result["interval"]:
         found.append(
             f"format accuracy rose {result['format_before']:.0f}% -> {result['format_after']:.0f}% while accuracy did "
             f"not ({result['before']:.1f}% -> {result['after']:.1f}%): the model learned the answer format, not the task"
         )
     if result["change"] < -result["interval"]:
+        what = measure_name(result) if result.get("task") else "accuracy"
+        change = change_said(result).split(", 95% interval")[0]
         found.append(
-            f"accuracy fell {result['before']:.1f}% -> {result['after']:.1f}% ({result['change']:+.1f} points, beyond "
-            f"the +-{result['interval']:.1f} of noise): this model is worse than the one it was trained from"
+            f"{what} fell {_said(result, result['before'])} -> {_said(result, result['after'])} ({change}, beyond "
+            f"the {noise(result).removesuffix(' points')} of noise): this model is worse than the one it was trained "
+            "from"
         )
     return found
 
@@ -205,10 +294,10 @@ def warnings(result: dict) -> list[str]:
 def missing(results: list[dict]) -> str:
     """What of the run's evals is not there to judge it by (for a run whose `outcome` is None)."""
     if not results:
-        return "no GSM8K eval was recorded for this run (train.num_test_batches: 0 evaluates nothing)"
+        return "no held-out eval was recorded for this run (train.num_test_batches: 0 evaluates nothing)"
     if not any(e["phase"] == "pre" for e in results):
-        return "the GSM8K eval of the model before training is not among this run's records (it was never recorded)"
-    return "no GSM8K eval after training is among this run's records"
+        return "the eval of the model before training is not among this run's records (it was never recorded)"
+    return "no eval after training is among this run's records"
 
 
 def card_result(evals: list[dict]) -> str:
@@ -221,7 +310,8 @@ def card_result(evals: list[dict]) -> str:
 
 def held_back(results: list[dict], rule: str) -> str | None:
     """Why results.publish_if keeps this run's model off the Hub (None: publish it). `rule`: "always",
-    "improved", or the lowest accuracy after training in %. Missing evals never pass silently."""
+    "improved", or the least the run's measure must reach after training (GSM8K's accuracy in %, a task's
+    measure in its own unit). Missing evals never pass silently."""
     if rule == "always":
         return None
     result = outcome(results)
@@ -233,4 +323,5 @@ def held_back(results: list[dict], rule: str) -> str | None:
         return f"publish_if: improved, and it did not: {result_line(result)}"
     if result["after"] >= float(rule):
         return None
-    return f"publish_if: {rule}% accuracy, and it reached {result['after']:.1f}%: {result_line(result)}"
+    least = f"{rule}% accuracy" if not result.get("task") else f"{rule} ({measure_name(result)} after training)"
+    return f"publish_if: {least}, and it reached {_said(result, result['after'])}: {result_line(result)}"

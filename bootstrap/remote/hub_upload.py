@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 
@@ -72,18 +73,25 @@ def wanted_files(folder: str, card: str) -> dict[str, tuple[str, str]]:
     return wanted
 
 
+def judged_by(result: dict) -> tuple[str, str]:
+    """The dataset and metric a run's model-index entry names: GSM8K's accuracy, or a task's measure."""
+    return (f"tpu-rl-task/{result['task']}", result["measure"]) if result.get("task") else (DATASET, METRIC)
+
+
 def eval_result(result: dict, run: str, url: str) -> EvalResult:
-    """The run's result as the model card's model-index states it: accuracy after training on GSM8K's test
-    split, with the eval's size and the 95% interval of the change, and the run it came from."""
+    """The run's result as the model card's model-index states it: its measure after training on the held-out
+    split (GSM8K's accuracy, or the task's measure), with the eval's size and the 95% interval of the change, and the
+    run it came from."""
+    dataset, metric = judged_by(result)
     return EvalResult(
         task_type="text-generation",
-        dataset_type=DATASET,
-        dataset_name="GSM8K",
-        dataset_config="main",
+        dataset_type=dataset,
+        dataset_name=result["task"] or "GSM8K",
+        dataset_config="main" if not result.get("task") else None,
         dataset_split="test",
-        metric_type=METRIC,
-        metric_value=round(result["after"], 2),
-        metric_name="GSM8K accuracy after training",
+        metric_type=metric,
+        metric_value=round(result["after"], 4),
+        metric_name=f"{evals.measure_name(result)} after training",
         metric_args={
             "problems": result["problems"],
             "before": round(result["before"], 2),
@@ -110,22 +118,28 @@ def write_card(template: str, results: list[dict], repo: str = "", run: str = ""
     return path
 
 
-def held_by(api: HfApi, repo: str) -> dict | None:
-    """The GSM8K accuracy the repository's model scored, as its card's model-index states it ({accuracy,
-    problems, run}); None for a repository that does not exist or states none that makes sense (an accuracy out
-    of 0-100; a count of problems that is no positive integer counts as unknown)."""
+def held_by(api: HfApi, repo: str, judged: tuple[str, str] = (DATASET, METRIC)) -> dict | None:
+    """What the repository's model scored by the same measure (`judged`: dataset and metric, GSM8K's accuracy by
+    default), as its card's model-index states it ({accuracy, problems, run}); None for a repository that does not
+    exist or states none that makes sense (a percentage out of 0-100, a mean reward that is not finite; a count of
+    problems that is no positive integer counts as unknown)."""
     try:
         card = api.model_info(repo).card_data
     except (RepositoryNotFoundError, ValueError):  # none, or a card huggingface_hub cannot read: it states nothing
         return None
+    sensible = _finite if judged[1] == evals.MEAN_REWARD else _percent
     for item in (card.eval_results if card is not None else None) or []:
-        if item.dataset_type == DATASET and item.metric_type == METRIC and _percent(item.metric_value):
+        if (item.dataset_type, item.metric_type) == judged and sensible(item.metric_value):
             args = item.metric_args if isinstance(item.metric_args, dict) else {}
             count = args.get("problems")
             problems = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None
             run = (item.source_name or "").removeprefix(SOURCE) if (item.source_name or "").startswith(SOURCE) else ""
             return {"accuracy": float(item.metric_value), "problems": problems, "run": run}
     return None
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _percent(value) -> bool:
@@ -140,14 +154,18 @@ def not_better(result: dict, there: dict | None, run: str, repo: str) -> str | N
     if there is None or (there["run"] and there["run"] == run):
         return None
     theirs = dict(there, total=there["problems"] or result["problems"])
-    margin = evals.margin(result["after"], result["problems"], theirs["accuracy"], theirs["total"])
+    if result.get("measure") == evals.MEAN_REWARD:  # its spread is this run's own: the interval of its change
+        margin, unit = result["interval"], ""
+    else:
+        margin = evals.margin_of(result["after"], result["problems"], theirs["accuracy"], theirs["total"])
+        unit = "%"
     if result["after"] - theirs["accuracy"] > margin:
         return None
     holder = f"run {there['run']}'s model" if there["run"] else "a model"
     return (
         f"publish_if: improved, and it is not better than what {repo} holds: {holder} scored "
-        f"{there['accuracy']:.1f}% on {theirs['total']:,} problems, this run {result['after']:.1f}% on "
-        f"{result['problems']:,} (+-{margin:.1f} points)"
+        f"{there['accuracy']:.1f}{unit} on {theirs['total']:,} problems, this run {result['after']:.1f}{unit} on "
+        f"{result['problems']:,} (+-{margin:.1f}{' points' if unit else ''})"
     )
 
 
@@ -180,7 +198,8 @@ def main(argv: list[str]) -> int:
     api = HfApi()
     why = evals.held_back(results, args.publish_if)
     if why is None and args.publish_if == "improved":
-        why = not_better(evals.outcome(results), held_by(api, args.repo_id), args.run, args.repo_id)
+        result = evals.outcome(results)
+        why = not_better(result, held_by(api, args.repo_id, judged_by(result)), args.run, args.repo_id)
     if why:
         hold(args.marker, args.repo_id, why)
         print(f"[tpu-rl] not uploading to {args.repo_id}: {why}", flush=True)

@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import runpy
 import sys
 import traceback
 
 try:
-    from . import attempts, wandb_run  # on the laptop: bootstrap.remote.attempts
+    from . import attempts, gcs, wandb_run  # on the laptop: bootstrap.remote.attempts
 except ImportError:
     import attempts  # on the VM and in a pod: beside this script in the tools folder
+    import gcs
     import wandb_run
+
+TASK_ENV = "TPU_RL_TASK"  # a task of your own: its folder on the VM (jobs/task.py)
 
 GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
 
@@ -73,6 +77,7 @@ def main(argv: list[str]) -> None:
     sys.path[0] = os.getcwd()  # what `python -m` puts first, not this script's folder
     if importlib.util.find_spec(module) is None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
+    fetch_task_data()
     attempts.record_start(dict(os.environ))
     attempts.EvalRecorder.install(dict(os.environ))
     wandb_run.prepare(run_id=_run_identity())
@@ -91,6 +96,27 @@ def main(argv: list[str]) -> None:
     finally:
         if close_grader_pool():
             print(f"[tpu-rl] closed MaxText's math_verify grader pool so that {module} can exit", file=sys.stderr)
+
+
+def fetch_task_data() -> None:
+    """A task's rows kept in a bucket: copied into its folder on the VM, once, before MaxText reads them there."""
+    folder = os.environ.get(TASK_ENV)
+    if not folder:
+        return
+    with open(os.path.join(folder, "task.json")) as f:
+        fetch = json.load(f).get("fetch") or {}
+    for name, url in fetch.items():
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            continue
+        data = gcs.read(url)
+        if data is None:
+            raise SystemExit(f"[tpu-rl] the task's data {url} is not in the bucket (jobs/tasks: data)")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.part", "wb") as f:
+            f.write(data)
+        os.replace(f"{path}.part", path)
+        print(f"[tpu-rl] copied the task's {url} ({len(data):,} bytes) to {path}", file=sys.stderr, flush=True)
 
 
 def _run_identity() -> str | None:

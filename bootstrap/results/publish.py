@@ -31,17 +31,27 @@ def _arg(argv: list[str], key: str, default: str = "") -> str:
 
 
 def model_card(plan: Plan) -> str:
-    """A Hub model card: base model, algorithm, steps, dataset; the VM fills in the eval rows and the run's result
-    (evals.CARD_ROWS, evals.CARD_RESULT)."""
+    """A Hub model card: base model, algorithm, steps, the task and its data; the VM fills in the eval rows and the
+    run's result (evals.CARD_ROWS, evals.CARD_RESULT)."""
     argv = plan.job("train").rendered.argv
     base_model = plan.base_model or _arg(argv, "model_name")
     algorithm = _arg(argv, "rl.loss_algo", "grpo").upper()
     steps = _arg(argv, "num_batches", "?")
     lr = plan.job("train").lr_schedule
+    task = plan.task
+    if task.builtin:
+        data, trained_on, source = DATASET, "GSM8K", f"`{DATASET}` (config `main`)"
+        header = (
+            "| GSM8K eval | accuracy % | format accuracy % | partial accuracy % | mean reward |\n|---|---|---|---|---|"
+        )
+    else:
+        data = task.spec.data.hub or f"tpu-rl-task/{task.name}"
+        trained_on, source = f"the task {task.name}", f"`{data}` (task digest {task.digest[:12]})"
+        header = f"| eval | {task.spec.measure} | mean reward |\n|---|---|---|"
     return f"""---
 base_model: {base_model}
 datasets:
-- {DATASET}
+- {data}
 library_name: transformers
 tags:
 - maxtext
@@ -49,16 +59,15 @@ tags:
 - reinforcement-learning
 ---
 
-# {base_model}, post-trained with {algorithm} on GSM8K
+# {base_model}, post-trained with {algorithm} on {trained_on}
 
-Trained with MaxText on a Cloud TPU v6e-8 by tpu-rl: run `{plan.run_name}`,
-{algorithm} for {steps} batches of `{DATASET}` (config `main`), checkpoint exported back to Hugging Face format.
+Trained with MaxText on a Cloud TPU by tpu-rl: run `{plan.run_name}`,
+{algorithm} for {steps} batches of {source}, checkpoint exported back to Hugging Face format.
 {f"Learning rate: {lr.line()}." if lr else ""}
 
 {evals.CARD_RESULT}
 
-| GSM8K eval | accuracy % | format accuracy % | partial accuracy % | mean reward |
-|---|---|---|---|---|
+{header}
 {evals.CARD_ROWS}
 """
 

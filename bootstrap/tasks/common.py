@@ -122,9 +122,14 @@ def open_session(
 
 
 def prepare(session: Session) -> None:
-    """Before a pipeline starts: the secrets on the VM, and the VM ready (its startup script done)."""
-    vm_spec = session.plan.spec.vm
+    """Before a pipeline starts: the secrets and the task's files on the VM, and the VM ready (its startup script
+    done)."""
+    vm_spec, task = session.plan.spec.vm, session.plan.task
     changed, ready = session.vm.prepare(session.secrets, vm_spec.startup_marker)
+    if not task.builtin:  # its files travel as the other inputs do: into a folder of the VM's named by their digest
+        changed += session.vm.put_task(
+            task.vm_folder(session.plan.layout), task.uploads(), task.vm_spec(session.plan.layout), task.digest
+        )
     for line in changed:
         console.print(f"{session.vm.name}: {line}")
     if not ready:

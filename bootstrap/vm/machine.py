@@ -57,6 +57,8 @@ TOOLS = (
     "export_config.py",
     "envcache.py",
     "manifest.py",
+    "task_processor.py",
+    "task_rewards.py",
 )
 FACTS_COMMAND = shlex.join(["python3", "-I", "-c", (REMOTE_SCRIPTS / "facts.py").read_text()])  # answers `ask`
 CHUNK = 64 * 1024
@@ -310,6 +312,29 @@ class Vm:
                 f.write(value.encode())
             done.append(f"stored {name} (readable only by the SSH user)")
         return done, self.facts["startup"].state is startup.StartupState.DONE
+
+    def put_task(self, folder: str, uploads: dict[str, Path], spec: dict, digest: str) -> list[str]:
+        """A task's files in its folder on the VM (named by their digest: once there, never sent again), its
+        task.json last, then the mark that it is whole; what was sent, in one line (none when it was there)."""
+        marker = f"{folder}/.complete"
+        q = shlex.quote
+        made = self.check(
+            f'umask 077; if [ "$(cat {q(marker)} 2>/dev/null)" = {q(digest)} ]; then echo there; else '
+            f"mkdir -p {q(folder)}/data && echo made; fi",
+            f"preparing the task's folder {folder}",
+        ).strip()
+        if made == "there":
+            return []
+        sent = 0
+        with self._io():
+            sftp = self._sftp()
+            for name, local in uploads.items():
+                sftp.put(str(local), self._sftp_path(f"{folder}/{name}"))
+                sent += local.stat().st_size
+            for name, text in (("task.json", json.dumps(spec, indent=1)), (".complete", digest)):
+                with sftp.open(self._sftp_path(f"{folder}/{name}"), "w") as f:
+                    f.write(text.encode())
+        return [f"sent the task's {len(uploads)} files ({sent / 2**20:.1f} MiB) to {folder}"]
 
     def _sftp_path(self, path: str) -> str:
         """SFTP starts in the home folder; `~/x` and `x` both mean the same file there."""

@@ -77,12 +77,18 @@ def result_lines(results: list[dict]) -> list[str]:
 
 
 def eval_table(results: list[dict]) -> Table:
-    table = Table(title="GSM8K evaluation")
-    for column in ("when", "accuracy %", "format accuracy %", "partial accuracy %", "mean reward", "correct"):
+    """Each held-out eval: GSM8K's columns, and a task's measure where the evals carry one."""
+    measured = next((e["task"] for e in results if e.get("task")), None)
+    title = f"task {measured['name']} evaluation" if measured else "GSM8K evaluation"
+    table = Table(title=title)
+    columns = ["when", *([measured["measure"]] if measured else [])]
+    columns += ["accuracy %", "format accuracy %", "partial accuracy %", "mean reward", "correct"]
+    for column in columns:
         table.add_column(column, justify="right" if column != "when" else "left")
     for e in results:
         table.add_row(
             evals.label(e),
+            *([evals.task_value(e["task"]) if e.get("task") else "-"] if measured else []),
             f"{e['accuracy']:.2f}",
             f"{e['format_accuracy']:.2f}",
             f"{e['partial_accuracy']:.2f}",

@@ -456,7 +456,7 @@ def test_on_gke_the_hub_job_judges_the_run_from_the_evals_train_recorded_in_the_
     fab.kube.scripts["publish-hub"] = [Run([], "exec")]
     result = fab("train", "--run-name", "r9")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"not uploaded to {repo}: no GSM8K eval was recorded for this run" in " ".join(result.stdout.split())
+    assert f"not uploaded to {repo}: no held-out eval was recorded for this run" in " ".join(result.stdout.split())
     assert repo not in fab.hub.repos
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # as train's pod reaches the bucket

@@ -233,7 +233,7 @@ def test_a_better_model_is_uploaded_and_a_run_without_evals_is_held_back_with_it
     silent = fab("train", "--new-run", "--arg", "vars.num_batches=2", "--arg", "train.num_test_batches=0")
     assert silent.returncode == 0, silent.stderr
     out = " ".join(silent.stdout.split())
-    assert f"not uploaded to {repo}: no GSM8K eval was recorded for this run (train.num_test_batches: 0" in out
+    assert f"not uploaded to {repo}: no held-out eval was recorded for this run (train.num_test_batches: 0" in out
     assert repo not in fab.hub.repos
 
 

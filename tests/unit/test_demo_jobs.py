@@ -75,11 +75,11 @@ def test_the_demo_never_writes_into_a_folder_it_did_not_make(tmp_path, monkeypat
     """TPU_RL_DEMO=. in a clone: the demo would have replaced the clone's own jobs/ with its copy."""
     clone = tmp_path / "clone"
     shutil.copytree(REPO / "jobs", clone / "jobs")
-    before = {p.name: p.read_bytes() for p in (clone / "jobs").iterdir()}
+    before = {p.name: p.read_bytes() for p in (clone / "jobs").iterdir() if p.is_file()}
     monkeypatch.setenv(rehearsal.ROOT_ENV, str(clone))
     with pytest.raises(Exit, match="is not a demo folder"):
         demo_tasks.demo(Context())
-    assert {p.name: p.read_bytes() for p in (clone / "jobs").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (clone / "jobs").iterdir() if p.is_file()} == before
     with pytest.raises(Exit, match="is not a demo folder"):
         demo_tasks.demo(Context(), clean=True)
     assert (clone / "jobs" / "pipeline.yaml").exists()

@@ -89,7 +89,7 @@ def test_a_resumed_run_is_compared_with_the_first_attempts_base_model_not_the_re
 def test_no_result_without_an_eval_before_and_after():
     assert evals.outcome([]) is None and result_lines([]) == []
     assert evals.card_result([]) == (
-        "Not judged: no GSM8K eval was recorded for this run (train.num_test_batches: 0 evaluates nothing)."
+        "Not judged: no held-out eval was recorded for this run (train.num_test_batches: 0 evaluates nothing)."
     )
 
 
@@ -141,7 +141,7 @@ def test_an_eval_of_sampled_passes_is_read_too():
 
 
 def test_no_evals_never_pass_an_improved_gate_silently():
-    assert evals.held_back([], "improved").startswith("no GSM8K eval was recorded for this run")
+    assert evals.held_back([], "improved").startswith("no held-out eval was recorded for this run")
     assert evals.held_back([], "always") is None
 
 
@@ -151,7 +151,7 @@ def test_an_eval_that_is_really_gone_is_named_in_the_reason(tmp_path):
         line("Post RL Training", 811, 1319, 95),
     )  # fmt: skip
     assert evals.held_back(resumed, "improved") == (
-        "the GSM8K eval of the model before training is not among this run's records (it was never recorded), so "
+        "the eval of the model before training is not among this run's records (it was never recorded), so "
         "publish_if: improved cannot be judged"
     )
 
