@@ -3,8 +3,10 @@ the inputs' paths and the CPU sampler. One place for `fab demo` and the CPU tier
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import REQUIREMENTS, SHIM
@@ -22,8 +24,37 @@ TINY = (
     "base_mlp_dim=128",
     "vocab_size=512",
 )
-# MaxText 0.2.3's train settings for the CPU sampler: its standalone converter's branch takes a rollout class.
-TRAIN_0_2_3 = ("debug.rl=false", "use_standalone_converter=true")
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one MaxText release needs on a CPU besides requirements-cpu.txt: its own pins and train settings."""
+
+    version: str
+    pins: tuple[str, ...] = ()
+    train: tuple[str, ...] = ()
+
+
+RELEASES = {
+    release.version: release
+    for release in (
+        # 0.2.3: its standalone converter's branch takes a rollout class (the CPU sampler)
+        Release("0.2.3", train=("debug.rl=false", "use_standalone_converter=true")),
+        # 0.2.5: drjax imported by the trainer's model code from 0.2.4 on; debug a flag of RLConfig
+        Release("0.2.5", pins=("drjax==0.2.1",), train=("debug=false",)),
+    )
+}
+TRAIN_0_2_3 = RELEASES["0.2.3"].train
+
+
+def release_for(packages: list[str]) -> Release:
+    """The release environment.packages pins, where the CPU runs it; else the shipped one (0.2.3)."""
+    for package in packages:
+        if found := re.search(r"maxtext(?:\[[^]]*\])?==([0-9.]+)", package):
+            return RELEASES.get(found[1], RELEASES[VERSION])
+    return RELEASES[VERSION]
+
+
 # What `uv pip check` finds in the CPU environment: tunix (PyPI's metadata) installed without its dependencies.
 TUNIX_UNMET = ("hf-transfer", "kagglehub", "numba", "tensorflow-datasets")
 ACCEPTED_CONFLICTS = [
@@ -54,16 +85,20 @@ def environment(venv: Path, version: str = VERSION, pins: tuple[str, ...] = ()) 
     }
 
 
-def model_overrides(inputs: Path) -> list[str]:
-    """--args for the tiny model at `inputs` (make_inputs.py's layout): its widths, files and CPU sampler."""
+def model_overrides(inputs: Path, gsm8k: bool = True) -> list[str]:
+    """--args for the tiny model at `inputs` (make_inputs.py's layout): its widths, files and CPU sampler, and (for
+    the built-in task, `gsm8k`) its problems in place of the Hub's."""
     return [
         *(f"{job}.{setting}" for job in ("convert", "train", "export") for setting in TINY),
         f"vars.hf_home={inputs}/hf_home",
         "convert.--lazy_load_tensors=True",
         f"convert.--hf_model_path={inputs}/hf_model",
         f"train.tokenizer_path={inputs}/tokenizer",
-        f"train.hf_train_files={inputs}/gsm8k/train.parquet",
-        f"train.hf_eval_files={inputs}/gsm8k/test.parquet",
+        *(
+            [f"train.hf_train_files={inputs}/gsm8k/train.parquet", f"train.hf_eval_files={inputs}/gsm8k/test.parquet"]
+            if gsm8k
+            else []
+        ),  # fmt: skip
         "train.env.MAXTEXT_CPU_ROLLOUT=1",
         f"train.env.PYTHONPATH={SHIM}",
         f"convert.env.PYTHONPATH={SHIM}",  # a gs:// folder made as TensorFlow's gfile makes it

@@ -1,6 +1,9 @@
 """Tiny inputs on which MaxText's real GRPO measurably improves the model (about 2 s):
 
-    PYTHON make_learnable_inputs.py OUT_DIR    # PYTHON: the CPU venv (numpy, safetensors, tokenizers, ...)
+    PYTHON make_learnable_inputs.py OUT_DIR [TEXTS]   # PYTHON: the CPU venv (numpy, safetensors, tokenizers, ...)
+
+TEXTS: a file of a task of your own's prompts, a line each (fab demo writes it): the tokenizer learns their words
+too, so that they fit the demo's prompt length.
 
 The layout and shape rules are make_inputs.py's (beside it: 32 layers, head_dim 128, width 64,
 vocab 512, the format tags as single tokens, an offline Hub cache entry), which the CPU tier's model could not
@@ -121,10 +124,10 @@ def write_model(folder: Path, config: dict, tokens: dict[str, int]) -> None:
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 
-def main(out: Path) -> None:
+def main(out: Path, task_texts: list[str]) -> None:
     texts = make_inputs.write_gsm8k(out / "gsm8k", rows, ROWS)
     # the prompt weighted high, so that the tokenizer keeps prompts near 104 tokens (max_prefill_predict_length 112)
-    corpus = texts + [make_inputs.PROMPT_TEMPLATE + GENERATION_PROMPT] * 1000 + [THINK] * 50
+    corpus = texts + [make_inputs.PROMPT_TEMPLATE + GENERATION_PROMPT] * 1000 + [THINK] * 50 + task_texts * 8
     tokenizer = make_inputs.write_tokenizer(out / "tokenizer", corpus)
     config = make_inputs.model_config(tokenizer)
     tokens = chain_tokens(tokenizer)
@@ -135,4 +138,5 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    extra = Path(sys.argv[2]).read_text().splitlines() if len(sys.argv) > 2 else []
+    main(Path(sys.argv[1]), [line for line in extra if line.strip()])

@@ -7,6 +7,7 @@ the run's work folder and state, the run records. `fab demo --clean` removes it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
+from ..jobs.task import GSM8K_NAME
 from ..paths import JOBS_ENV, REPO, RUNS_ENV
 from . import MAKE_LEARNABLE_INPUTS, cpu
 
@@ -41,8 +43,10 @@ TRAIN = (
     "train.eval_batch_size=64",
     "train.eval_interval=0",
     f"train.checkpoint_period={STEPS}",
-    *(f"train.{setting}" for setting in cpu.TRAIN_0_2_3),
 )
+# A task of your own: room for its prompts in the tiny tokenizer's tokens (trained on them), the answer chain's 16.
+TASK_LENGTHS = ("train.max_prefill_predict_length=192", "train.max_target_length=208")
+TASK_TEXTS = 512  # rows of a task's train split the tiny tokenizer learns its prompts' words from
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,25 @@ class Folder:
     def inputs(self) -> Path:
         return self.root / "inputs"
 
+    def venv(self, release: cpu.Release) -> Path:
+        return self.root / f"maxtext-{release.version}-cpu"
+
     @property
-    def venv(self) -> Path:
-        return self.root / f"maxtext-{cpu.VERSION}-cpu"
+    def texts(self) -> Path:
+        """A task of your own's prompts, a line each: what the tiny tokenizer learns its words from."""
+        return self.root / "task-texts.txt"
+
+    def pipeline(self) -> dict:
+        """The demo's copy of pipeline.yaml (written by write_jobs)."""
+        return yaml.safe_load((self.jobs / "pipeline.yaml").read_text()) or {}
+
+    def release(self) -> cpu.Release:
+        """The MaxText the demo's jobs run: the user's pin where the CPU runs it, else the shipped one."""
+        return cpu.release_for((self.pipeline().get("environment") or {}).get("packages") or [])
+
+    def task(self) -> str:
+        """The task the demo's jobs train (gsm8k: MaxText's own)."""
+        return str(self.pipeline().get("task") or GSM8K_NAME)
 
     @property
     def state(self) -> Path:
@@ -118,15 +138,25 @@ def write_jobs(source: Path, folder: Folder) -> list[str]:
     if folder.jobs.exists():
         shutil.rmtree(folder.jobs)
     shutil.copytree(source, folder.jobs, ignore=shutil.ignore_patterns("*~", ".*"))
-    pipeline = _edit(folder.jobs / "pipeline.yaml", lambda data: _pipeline(data, folder))
+    packages = (yaml.safe_load((source / "pipeline.yaml").read_text()) or {}).get("environment", {}).get("packages")
+    release = cpu.release_for(packages or [])
+    pipeline = _edit(folder.jobs / "pipeline.yaml", lambda data: _pipeline(data, folder, release))
     for name in pipeline.get("jobs") or []:
         _edit(folder.jobs / f"{name}.yaml", lambda data: data.pop("secrets", None))
+    task = folder.task()
+    folder.texts.write_text("\n".join(task_texts(folder.jobs, task)) + "\n")
     (folder.jobs / "prefetch.yaml").write_text(yaml.safe_dump(_prefetch(folder), sort_keys=False))
     folder.startup_marker.write_text("fab demo: nothing to start on this machine\n")
+    problems = (
+        "problems whose answer is 7"
+        if task == GSM8K_NAME
+        else f"a tokenizer that knows your task's words (your task {task}'s rows are yours, and it only ever answers 5 "
+        "or 7)"
+    )
     return [
-        f"environment: MaxText {cpu.VERSION} for the CPU (bootstrap/demo/requirements-cpu.txt), in {folder.venv}",
-        "prefetch: makes a tiny Llama 3.1 built to learn (width 64), its tokenizer and problems whose answer is 7, "
-        "instead of the Hub's 16 GB",
+        f"environment: MaxText {release.version} for the CPU (bootstrap/demo/requirements-cpu.txt), in "
+        f"{folder.venv(release)}",
+        f"prefetch: makes a tiny Llama 3.1 built to learn (width 64), {problems}, instead of the Hub's 16 GB",
         "secrets: none (nothing is read from the Hub)",
         f"vm: this machine's CPU (accelerator cpu, state in {folder.state}, no memory minimums, autostop off)",
         "results: nothing leaves this machine (no Hub upload, no bucket, no notifications, no W&B or MLflow)",
@@ -142,10 +172,10 @@ def _edit(path: Path, change) -> dict:
     return data
 
 
-def _pipeline(data: dict, folder: Folder) -> None:
+def _pipeline(data: dict, folder: Folder, release: cpu.Release) -> None:
     if "prefetch" not in (data.get("jobs") or []):  # the tiny inputs are made by the demo's prefetch
         data["jobs"] = ["prefetch", *(data.get("jobs") or [])]
-    data["environment"] = cpu.environment(folder.venv)
+    data["environment"] = cpu.environment(folder.venv(release), release.version, release.pins)
     work = f"{folder.root}/work/${{model_name}}"  # everything the jobs make, in the demo's folder: never a bucket
     data.setdefault("vars", {}).update(work_dir=work, durable_dir=work, export_dir=f"{work}/hf-trained/${{run_name}}")
     data.setdefault("vm", {}).update(
@@ -164,7 +194,7 @@ def _prefetch(folder: Folder) -> dict:
     """The tiny inputs made here, by the environment's Python, where prefetch would have put the Hub's files."""
     return {
         "description": "Make the tiny model built to learn, its tokenizer and problems (here, not from the Hub)",
-        "command": ["${python}", str(MAKE_LEARNABLE_INPUTS), str(folder.inputs)],
+        "command": ["${python}", str(MAKE_LEARNABLE_INPUTS), str(folder.inputs), str(folder.texts)],
         "outputs": [
             "${hf_snapshots}/*/config.json",
             "${hf_snapshots}/*/*.safetensors",
@@ -174,9 +204,34 @@ def _prefetch(folder: Folder) -> dict:
     }
 
 
+def task_texts(jobs: Path, task: str) -> list[str]:
+    """A task of your own's prompts (its template over its train split's first rows, a local JSONL file): the tiny
+    tokenizer learns their words, so they fit the demo's prompt length; none for GSM8K, or rows read elsewhere."""
+    spec = yaml.safe_load((jobs / "tasks" / f"{task}.yaml").read_text()) if task != GSM8K_NAME else None
+    train = ((spec or {}).get("data") or {}).get("train", "")
+    path = jobs / "tasks" / train
+    if not spec or not spec.get("prompt") or not train.endswith(".jsonl") or not path.is_file():
+        return []
+    texts = []
+    with path.open(errors="replace") as f:
+        for line in f:
+            with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                texts.append(str(spec["prompt"]).format(**json.loads(line)).replace("\n", " "))
+            if len(texts) >= TASK_TEXTS:
+                break
+    return texts
+
+
 def shared_overrides(folder: Folder) -> list[str]:
-    """The --args every demo run has: the tiny model and its training."""
-    return [*cpu.model_overrides(folder.inputs), *TRAIN]
+    """The --args every demo run has: the tiny model and its training, as its MaxText release and its task need."""
+    gsm8k = folder.task() == GSM8K_NAME
+    release = folder.release()
+    return [
+        *cpu.model_overrides(folder.inputs, gsm8k),
+        *TRAIN,
+        *(f"train.{setting}" for setting in release.train),
+        *(() if gsm8k else TASK_LENGTHS),
+    ]
 
 
 def overrides(folder: Folder, learning_rate: str = LEARNING_RATE) -> list[str]:

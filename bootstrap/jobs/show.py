@@ -65,8 +65,10 @@ def plan_dict(
     chips = plan.accelerator
     accelerator = {"name": chips.name, "chips": chips.chips, "device_kind": chips.device_kind,
                    "machine_type": chips.machine_type, "source": chips.source, "env": dict(chips.env)}  # fmt: skip
+    task = plan.task
     return {
         "run": _run_info(plan, record),
+        "task": {"name": task.name, "builtin": task.builtin, "digest": task.digest, "files": task.digests},
         "state_dir": plan.layout.root,
         "accelerator": accelerator,
         "environment": setup,
@@ -111,6 +113,7 @@ def plan_text(
 ) -> str:
     info = _run_info(plan, record)
     lines = [f"run: {info['name'] or '<new>'} ({info['note']})", f"chips: {plan.accelerator.line()}"]
+    lines += plan.task.describe()
     if info.get("last_seen"):
         lines.append("last seen: " + ", ".join(f"{j} {s}" for j, s in info["last_seen"].items()))
     venv = plan.spec.environment.venv_path

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..errors import Problem, UserError
 from ..jobs import accelerator as chips_of
-from ..jobs import schema
+from ..jobs import schema, task_check
 from ..jobs.plan import Plan
 from ..remote import gcs
 from . import prices, rates
@@ -439,6 +439,7 @@ def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str, tuple[fl
     """Train from the work its arguments ask for, at published rates (results/rates.py); None where a figure is
     missing (a CPU, a chip or a model they do not cover)."""
     sizes = work(job.rendered.argv[3:])
+    reward_s = sum(task_check.remembered(plan.task).values())  # each reward on one completion, as checked here
     asked = rates.TrainWork(
         steps=steps,
         completions=sizes["batch_size"] * sizes["rl.num_generations"],
@@ -448,6 +449,7 @@ def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str, tuple[fl
         eval_completions=sizes["eval_batch_size"] * sizes["num_eval_passes"],
         evals=evals_of(steps, sizes) + (1 if sizes["num_test_batches"] > 0 else 0),  # and the one before training
         saves=max(1, steps // max(1, int(sizes["checkpoint_period"]))),
+        reward_s=reward_s,
     )
     return rates.train(asked, plan.accelerator.device_kind, plan.accelerator.chips, _parameters(plan))
 

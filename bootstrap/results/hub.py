@@ -66,3 +66,17 @@ def preflight(token: str, model: str | None, target_repo: str = "") -> list[str]
 def _status(err: HfHubHTTPError) -> str:
     response = getattr(err, "response", None)
     return f"HTTP {response.status_code}" if response is not None else type(err).__name__
+
+
+def fetch_tokenizer(token: str, model: str | None) -> str:
+    """The base model's tokenizer.json into this machine's Hugging Face cache, where fab plan counts a task's prompts
+    with it; one line saying so, or why not (fab plan then counts characters)."""
+    from huggingface_hub import hf_hub_download
+
+    if not model:
+        return "tokenizer: no base model to fetch it from"
+    try:
+        hf_hub_download(model, "tokenizer.json", token=token)
+    except (HfHubHTTPError, OSError) as err:
+        return f"tokenizer: not fetched ({type(err).__name__}); fab plan counts the task's prompts by characters"
+    return f"tokenizer: {model}'s cached here; fab plan counts the task's prompts with it"

@@ -188,19 +188,32 @@ def write_csv(series: Series, path: Path) -> None:
 
 
 def write_evals_csv(evals: list[dict], path: Path) -> None:
+    """One row an eval: GSM8K's numbers, and a task's measure (its name, value, completions) where there is one."""
     columns = ["phase", "step", "accuracy", "format_accuracy", "partial_accuracy", "mean_reward", "corr", "total"]
+    task = ["task_measure", "task_value", "task_total"] if any(e.get("task") for e in evals) else []
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=[*columns, *task], extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(evals)
+        for e in evals:
+            measured = e.get("task") or {}
+            writer.writerow(
+                {
+                    **e,
+                    "task_measure": measured.get("measure"),
+                    "task_value": measured.get("value"),
+                    "task_total": measured.get("total"),
+                }  # fmt: skip
+            )
 
 
 def eval_steps(evals: list[dict], last_step: int) -> list[tuple[int, float, str]]:
-    """(step, accuracy, label) for each eval: before training at 0, after at the last step."""
+    """(step, the run's measure, label) for each eval: before training at 0, after at the last step; the measure is
+    a task's where the evals carry one, else GSM8K's accuracy."""
     points = []
     for e in evals:
         step = {"pre": 0, "post": last_step}.get(e["phase"], e.get("step") or 0)
-        points.append((step, e["accuracy"], {"pre": "before", "post": "after"}.get(e["phase"], f"step {step}")))
+        value = e["task"]["value"] if e.get("task") else e["accuracy"]
+        points.append((step, value, {"pre": "before", "post": "after"}.get(e["phase"], f"step {step}")))
     return points
 
 
@@ -218,15 +231,16 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
     if evals:
         accuracy = axes[0].twinx()
         points = eval_steps(evals, last_step)
-        accuracy.plot(
-            [p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label="GSM8K accuracy %"
-        )
+        measured = next((e["task"] for e in evals if e.get("task")), None)
+        name = f"{measured['name']} {measured['measure']}" if measured else "GSM8K accuracy %"
+        unit = "" if measured and measured["measure"] == "mean_reward" else "%"
+        accuracy.plot([p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label=name)
         for step, value, text in points:
             offset = (-70, -12) if step == last_step else (4, 6)  # keep the last label inside the frame
             accuracy.annotate(
-                f"{text}: {value:.1f}%", (step, value), textcoords="offset points", xytext=offset, fontsize=8
+                f"{text}: {value:.1f}{unit}", (step, value), textcoords="offset points", xytext=offset, fontsize=8
             )
-        accuracy.set_ylabel("eval accuracy %")
+        accuracy.set_ylabel(f"eval {name}")
         accuracy.legend(loc="lower right")
     axes[-1].set_xlabel("training step")
     figure.suptitle(title)

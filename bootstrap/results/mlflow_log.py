@@ -174,6 +174,8 @@ def metric_points(series: Series, summary: dict) -> list[dict]:
         for field in ("accuracy", "format_accuracy", "partial_accuracy", "mean_reward"):
             if isinstance(e.get(field), int | float):
                 points.append(_point(f"eval/{field}", e[field], step, now))
+        if measured := e.get("task"):  # the task's own measure of that eval: what judges the run
+            points.append(_point(f"eval/task/{measured['measure']}", measured["value"], step, now))
     for prefix, numbers in (("result", summary.get("result") or {}), ("time", summary.get("time_split") or {})):
         points += [_point(f"{prefix}/{k}", v, last, now) for k, v in _numbers(numbers)]
     return [p for p in points if math.isfinite(p["value"])]  # JSON has no NaN: MLflow would drop the batch's rest

@@ -75,6 +75,7 @@ class TrainWork:
     eval_completions: float  # an eval batch's: eval_batch_size x num_eval_passes
     evals: int  # before training, during it, after it
     saves: int
+    reward_s: float = 0.0  # the task's rewards on one completion (measured on this machine by task_check.py)
 
 
 def train(
@@ -101,8 +102,9 @@ def train(
     ends = []
     for bound in (0, 1):
         update = work.completions * work.sequence * TRAIN_PASSES / trained * (1 + bound)  # half the rate at worst
-        step = generating(work.completions, bound) + update + SYNC_S[bound]
-        evaluation = work.eval_batches * generating(work.eval_completions, bound)
+        rewards = work.reward_s * (1 + bound)  # the VM's host may be slower than this machine
+        step = generating(work.completions, bound) + update + SYNC_S[bound] + work.completions * rewards
+        evaluation = work.eval_batches * (generating(work.eval_completions, bound) + work.eval_completions * rewards)
         ends.append((START_UP_S[bound] + work.steps * step + work.evals * evaluation + work.saves * SAVE_S[bound],
                      step, evaluation))  # fmt: skip
     (low, step_low, eval_low), (high, step_high, eval_high) = ends
@@ -110,5 +112,10 @@ def train(
         f"{work.steps} steps x {step_low:.1f}-{step_high:.1f} s, {work.evals} evals x {eval_low:.0f}-{eval_high:.0f} s, "
         f"start-up {START_UP_S[0] // 60}-{START_UP_S[1] // 60} min, {work.saves} saves: {chip.name} limits, vLLM-on-TPU "
         "and MaxText published rates (a bound)"
+        + (
+            f"; the task's rewards {work.reward_s * 1e6:,.0f} µs a completion, as measured here"
+            if work.reward_s
+            else ""
+        )
     )
     return low, high, how, (START_UP_S[0] + eval_low, START_UP_S[1] + eval_high)

@@ -40,7 +40,8 @@ def current_run() -> str | None:
 
 
 FIELDS = (
-    "name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate", "preemptions", "lost_vms"
+    "name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate", "preemptions", "lost_vms",
+    "task",
 )  # fmt: skip
 
 
@@ -57,6 +58,7 @@ class RunRecord:
     estimate: dict | None = None  # what fab estimated when the run started (results/estimate.py)
     preemptions: list[dict] = field(default_factory=list)  # each Spot preemption, with what it cost (fab metrics)
     lost_vms: list[dict] = field(default_factory=list)  # each VM the run lost: its billed span (`lose_vm`)
+    task: dict | None = None  # what it learns: the task's name, digest and each file's (jobs/task.py)
 
     @property
     def folder(self) -> Path:
@@ -136,6 +138,7 @@ class RunRecord:
             self.settings = self.settings if self.settings is not None else disk.settings
             self.preemptions = self.preemptions or disk.preemptions
             self.lost_vms = self.lost_vms or disk.lost_vms
+            self.task = self.task or disk.task
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             if not self.name.startswith(PROBE_PREFIX):  # a probe measures; the run carried on stays the current
@@ -215,6 +218,12 @@ class _LostVm(_Strict):
         return self
 
 
+class _Task(_Strict):
+    name: str
+    digest: str
+    files: dict[str, str] = {}
+
+
 class _Preemption(_Strict):
     at: Time
     committed_step: Annotated[int, Field(ge=0)] | None = None
@@ -235,6 +244,7 @@ class _Record(_Strict):
     estimate: _Estimate | None = None
     preemptions: list[_Preemption] = []
     lost_vms: list[_LostVm] = []
+    task: _Task | None = None
 
 
 def damage(data) -> str | None:

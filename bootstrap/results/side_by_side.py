@@ -134,7 +134,8 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
         "state": _state(jobs, bucket)
         + (f" (its files on the VM unreadable: {vm['error']})" if vm.get("error") else ""),
         "settings": None if settings is None else list(dict.fromkeys([*settings, *changes])),
-        "accuracy": [result["before"], result["after"]] if result else None,
+        "measure": evals.measure_name(result) if result else None,  # what judges it: GSM8K's accuracy, a task's
+        "accuracy": [result["before"], result["after"]] if result else None,  # that measure, before -> after
         "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
         "mean_reward": result.get("mean_reward_after"),
         "chip_hours": _hours(billed, (record.chips if record else 0) or vm.get("chips") or chips),

@@ -33,7 +33,7 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     import yaml
 
     from .. import secrets
-    from ..jobs import before, load
+    from ..jobs import before, load, task_check
     from ..jobs.load import DEFAULT_USER
     from ..jobs.plan import PLACEHOLDER_RUN, build, check_local, check_run_name
     from ..jobs.show import plan_dict, plan_text
@@ -42,6 +42,7 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
 
     files = load.read(jobs_dir())
     pipeline = check_local(files, arg or [])
+    task_check.check(pipeline.task)  # its local rows and rewards: offline, as the rest of the plan
     name = check_run_name(run_name) if run_name is not None else runs.current_run()
     # -H's user (a Connection's); else the stack's; else tpu-rl:sshUser's default (never this laptop's login)
     user = c.user if isinstance(c, Connection) else None
@@ -82,6 +83,7 @@ def plan(c, arg=None, json_=False, run_name=None, stack=None):
     expected = estimate(built, provisioning, zone, idle)
     present = set(secrets.here(pipeline.spec.results.notify))
     notes = before.notes(built, whose, provisioning, present, given_host=isinstance(c, Connection))
+    notes += task_check.size_notes(built)
     print(
         json.dumps(plan_dict(built, record, expected.to_dict(), notes, present), indent=1)
         if json_
@@ -142,7 +144,8 @@ def _require_maxtext(python: str, version: str) -> None:
 @reports_errors
 def check_token(c):
     """Check the Hugging Face token with the Hub now, no VM needed: valid, can read the base model, can write
-    results.hub_repo (what fab train checks before it starts anything)."""
+    results.hub_repo (what fab train checks before it starts anything); with a task of your own, cache the base
+    model's tokenizer, which fab plan counts the task's prompts with."""
     from .. import secrets
     from ..jobs import load
     from ..jobs.check import base_model_of
@@ -151,5 +154,8 @@ def check_token(c):
 
     pipeline = check_local(load.read(jobs_dir()), [])
     token = secrets.require({"this machine": ["HF_TOKEN"]})["HF_TOKEN"]
-    for line in hub.preflight(token, base_model_of(pipeline), pipeline.spec.results.hub_repo):
+    base_model = base_model_of(pipeline)
+    for line in hub.preflight(token, base_model, pipeline.spec.results.hub_repo):
         console.print(line, markup=False, highlight=False)
+    if not pipeline.task.builtin:  # fab plan counts the task's prompts with it (offline, from the cache)
+        console.print(hub.fetch_tokenizer(token, base_model), markup=False, highlight=False)

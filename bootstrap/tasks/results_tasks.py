@@ -263,7 +263,7 @@ def show_runs(c, json_: bool = False, here: dict[str, str] | None = None, shared
         "started",
         "state",
         "settings",
-        "accuracy %",
+        "measure",
         "format %",
         "reward",
         "took, chip-h (est.)",
@@ -280,7 +280,8 @@ def show_runs(c, json_: bool = False, here: dict[str, str] | None = None, shared
             "(unknown)"
             if row["settings"] is None
             else "\n".join(s for s in row["settings"] if s not in shared) or "(defaults)",
-            _pair(row["accuracy"], ".1f"),
+            _pair(row["accuracy"], ".1f")
+            + ("" if row["measure"] in (None, "GSM8K accuracy") else f"\n{row['measure']}"),
             _pair(row["format_accuracy"], ".0f"),
             f"{row['mean_reward']:.3f}" if row["mean_reward"] is not None else "-",
             _against_estimate(row),

@@ -10,7 +10,7 @@ from invoke import Context
 
 from .. import secrets
 from ..errors import UserError, VmUnavailable
-from ..jobs import check, load, tracking
+from ..jobs import check, load, task_check, tracking
 from ..jobs.checked import LocalInputs
 from ..jobs.plan import DURABLE_DIR, Plan, build, check_local, check_run_name, secret_sources
 from ..paths import jobs_dir
@@ -53,6 +53,8 @@ def open_session(
     pipeline = check_local(files, overrides)
     if run_name is not None:
         check_run_name(run_name)
+    if runs_jobs:  # the task's rows and rewards, tried here before anything is started or paid for
+        task_check.check(pipeline.task, remote=True)
     connect.refuse_several_hosts(c, None)  # -H's, read from the command line; the stack's once read
     sources = secret_sources(pipeline)
     values = secrets.require(sources) if runs_jobs else secrets.available(sources)
@@ -67,6 +69,9 @@ def open_session(
     if target and pipeline.spec.results.notify:
         why = "the gke backend tells no receiver yet (its driver runs in the cluster): set notify: [] for a gke stack"
         raise UserError([pipeline.doc.origin("results", "notify").problem("results.notify", why)])
+    if target and not pipeline.task.builtin:
+        why = "the gke backend trains GSM8K only yet (its pods get no task files): set task: gsm8k for a gke stack"
+        raise UserError([pipeline.doc.origin("task").problem("task", why)])
     if target and pipeline.spec.results.wandb:
         why = "the gke backend gives train no W&B key yet (its pods get the token alone): set wandb: '' for a gke stack"
         raise UserError([pipeline.doc.origin("results", "wandb").problem("results.wandb", why)])
@@ -133,6 +138,8 @@ def open_session(
             expected_plan if expected_plan and name == expected else build(files, [*durable, *overrides], name, *chosen)
         )
     record = runs.RunRecord.load(name)
+    if runs_jobs:
+        same_task(record, plan.task)
     if recreated:  # the VM the run was on is gone: its billed time is kept apart, the new VM's counted from now
         found = preemptions.last(_preemption_folder(files, pipeline, outputs, overrides, name))
         record.lose_vm(found["at"] if found and isinstance(found.get("at"), (int, float)) else None)
@@ -141,6 +148,20 @@ def open_session(
     if runs_jobs and target:  # the cluster's driver starts what it needs: the token is checked before it is handed over
         session.check_token()
     return session
+
+
+def same_task(record: runs.RunRecord, task) -> None:
+    """A run carries on only with the task it began with: a reward, data or prompt changed since would judge and
+    train a mixture of two tasks. One line, naming the files, and the way on."""
+    if not record.task or record.task.get("digest") == task.digest:
+        return
+    was = record.task.get("files") or {}
+    changed = sorted(name for name in {*was, *task.digests} if was.get(name) != task.digests.get(name))
+    raise UserError(
+        f"run {record.name} began with the task {record.task.get('name')} as it was then; "
+        f"{', '.join(changed) or 'its files'} changed since (jobs/tasks/): --new-run trains it as a new run, or put "
+        "them back to carry this one on"
+    )
 
 
 def _work_likely(expected: str | None, overrides: list[str]) -> bool:

@@ -220,6 +220,8 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
             )
             session.record.estimate = expected.to_dict()
         session.record.settings, session.record.chips = settings, session.plan.accelerator.chips
+        task = session.plan.task
+        session.record.task = {"name": task.name, "digest": task.digest, "files": task.digests}
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
             stream.close()

@@ -37,21 +37,12 @@ class Release:
         return VENVS / f"maxtext-{self.version}-cpu"
 
 
+# Each release's CPU pins and train settings are the demo's (bootstrap/demo/cpu.py); the schedule's peak with
+# learning_rate_schedule_steps=-1: 0.2.3's is base.yml's steps=150001 (the reference's schedule, as the check says),
+# 0.2.5's the run's own length (rl.yml's learning_rate is reached).
+PEAKS = {"0.2.3": 9.8e-9, "0.2.5": 3e-6}
 RELEASES = {
-    release.version: release
-    for release in (
-        Release(
-            "0.2.3",
-            train=cpu.TRAIN_0_2_3,
-            unset_schedule_peak=9.8e-9,  # -1 is base.yml's steps=150001: the reference's schedule, as the check says
-        ),
-        Release(
-            "0.2.5",
-            pins=("drjax==0.2.1",),  # imported by the trainer's model code from 0.2.4 on
-            train=("debug=false",),  # a flag of RLConfig; train_rl always takes the rollout class
-            unset_schedule_peak=3e-6,  # -1 is the run's own length: rl.yml's learning_rate is reached
-        ),
-    )
+    version: Release(version, found.pins, found.train, PEAKS[version]) for version, found in cpu.RELEASES.items()
 }
 DEFAULT = RELEASES["0.2.3"]
 VENV = DEFAULT.venv  # the benchmarks' venv
