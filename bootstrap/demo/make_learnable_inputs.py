@@ -127,7 +127,7 @@ def write_model(folder: Path, config: dict, tokens: dict[str, int]) -> None:
 def main(out: Path, task_texts: list[str]) -> None:
     texts = make_inputs.write_gsm8k(out / "gsm8k", rows, ROWS)
     # the prompt weighted high, so that the tokenizer keeps prompts near 104 tokens (max_prefill_predict_length 112)
-    corpus = texts + [make_inputs.PROMPT_TEMPLATE + GENERATION_PROMPT] * 1000 + [THINK] * 50 + task_texts * 8
+    corpus = texts + [make_inputs.PROMPT_TEMPLATE + GENERATION_PROMPT] * 1000 + [THINK] * 500 + task_texts * 2
     tokenizer = make_inputs.write_tokenizer(out / "tokenizer", corpus)
     config = make_inputs.model_config(tokenizer)
     tokens = chain_tokens(tokenizer)

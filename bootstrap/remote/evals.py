@@ -104,17 +104,22 @@ class Attempts:
 
 
 def collect(evals: list[dict], new: dict) -> list[dict]:
-    """`evals` with `new` in place of an earlier result of the same phase and step; a task's measure (logged just
-    after its eval) joins that eval's result."""
+    """`evals` with `new` in place of an earlier result of the same phase and step. A task's measure joins its eval's
+    result, whichever of the two lines came first (the launcher's and MaxText's logging interleave): until that
+    result comes, it waits in the list as a part (no `total`), which `final` leaves out."""
     same = lambda e: (e["phase"], e["step"]) == (new["phase"], new["step"])  # noqa: E731
     if "total" not in new:
-        return [{**e, "task": new["task"]} if same(e) else e for e in evals]
-    return [e for e in evals if not same(e)] + [new]
+        if any(same(e) and "total" in e for e in evals):
+            return [{**e, "task": new["task"]} if same(e) and "total" in e else e for e in evals]
+        return [e for e in evals if not same(e)] + [new]
+    waiting = next((e["task"] for e in evals if same(e) and "total" not in e), None)
+    return [e for e in evals if not same(e)] + [{**new, "task": waiting} if waiting else new]
 
 
 def final(evals: list[dict], total_steps: int | None) -> list[dict]:
     """The evals to report: the trainer also evaluates at its last step just before the Post eval,
     so an intermediate eval at the final step counts the Post one twice and is left out."""
+    evals = [e for e in evals if "total" in e]  # a task's measure whose eval never came: nothing to show
     has_post = any(e["phase"] == "post" for e in evals)
     return [e for e in evals if not (has_post and e["phase"] == "intermediate" and e["step"] == total_steps)]
 

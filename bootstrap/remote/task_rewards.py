@@ -59,9 +59,11 @@ class Tally:
             sums = [sum(s.values()) for s in scores]
             mean = sum(sums) / len(sums)
             sd = math.sqrt(sum((v - mean) ** 2 for v in sums) / max(1, len(sums) - 1))
-            return {"measure": MEAN_REWARD, "value": mean, "sd": sd, "total": len(sums)}
+            # rounded as the launcher's line says them (evals.task_line): the log and the record agree
+            return {"measure": MEAN_REWARD, "value": round(mean, 4), "sd": round(sd, 4), "total": len(sums)}
         right = sum(1 for s in scores if s.get(self.measure, 0.0) >= 1.0)
-        return {"measure": self.measure, "value": 100 * right / len(scores), "right": right, "total": len(scores)}
+        value = round(100 * right / len(scores), 2)
+        return {"measure": self.measure, "value": value, "right": right, "total": len(scores)}
 
 
 def _wrapped(fn, name: str, tally: Tally):
