@@ -30,6 +30,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from bootstrap.jobs.plan import _durable_record, runner_spec
+from bootstrap.jobs.task import GSM8K, GSM8K_NAME, TASKS, Task
 from bootstrap.remote import attempts, faults, gcs, jobrunner, manifest, processes
 from bootstrap.remote.jobrunner import Layout
 from bootstrap.results import publish
@@ -208,6 +209,7 @@ class Case:
             layout=self.layout,
             run_name=RUN,
             base_model="meta-llama/Llama-3.1-8B-Instruct",
+            task=Task(GSM8K_NAME, GSM8K, Path(TASKS), {}),  # the default task
             job=lambda name: SimpleNamespace(rendered=rendered, lr_schedule=None),
         )
         return publish.hub_job(plan, self.export_dir)

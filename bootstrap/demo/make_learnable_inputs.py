@@ -19,7 +19,10 @@ Here the model is a hand-set bigram model in Llama's architecture:
 - greedy decoding starts wrong at two transitions (it loops after </reasoning>, by LOOP_GAP logits, and says 5
   after <answer>, by WRONG_GAP): format and accuracy 0%; the sampler (temperature 0.9) leaves the loop and says 7
   about a quarter of the time each, so a group's completions earn different rewards;
-- the data are word problems whose answer is always 7, so a model that ignores the question can be right.
+- the data are word problems whose answer is always 7, so a model that ignores the question can be right;
+- with TEXTS (a task of your own) greedy decoding leaves the loop (LOOP_GAP the other way): its answers end, in the
+  task's format and wrong, as a healthy base model's do (the smoke rollout's check, remote/health.py), and only
+  the answer is learned. On GSM8K the demo's smoke rollout is off: its answers loop, on purpose.
 
 Measured on 2 CPU cores (60 steps, learning rate 3e-3, 4 prompts x 8 generations a step): MaxText's greedy eval
 0% -> 100% (accuracy and format), its sampled eval 15.6% -> 60.9% accuracy; with learning rate 0, no change.
@@ -57,6 +60,7 @@ NEXT = {  # each context's next tokens and their logits (the chain)
     "eot": {"eot": 0.0},
     "generic": {"eot": 0.0},  # any other token ends the completion
 }
+ENDING = {**NEXT, "</reasoning>": {"think": -LOOP_GAP, "<answer>": 0.0}}  # greedy leaves the loop: answers end
 
 
 def rows(count: int, seed: int) -> list[dict]:
@@ -98,7 +102,7 @@ def chain_tokens(tokenizer) -> dict[str, int]:
     return found
 
 
-def write_model(folder: Path, config: dict, tokens: dict[str, int]) -> None:
+def write_model(folder: Path, config: dict, tokens: dict[str, int], chain: dict[str, dict[str, float]]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     direction = {name: i for i, name in enumerate(NEXT)}  # the residual stream's direction for each context
@@ -108,7 +112,7 @@ def write_model(folder: Path, config: dict, tokens: dict[str, int]) -> None:
         embed[token] = 0.0
         embed[token, direction[name]] = EMBED_SCALE
     lm_head = np.zeros((VOCAB, HIDDEN), np.float32)
-    for name, targets in NEXT.items():  # RMSNorm(EMBED_SCALE x one-hot) is sqrt(HIDDEN) x one-hot
+    for name, targets in chain.items():  # RMSNorm(EMBED_SCALE x one-hot) is sqrt(HIDDEN) x one-hot
         column = np.full(VOCAB, OFF_LOGIT, np.float32)
         for target, logit in targets.items():
             column[tokens[target]] = logit
@@ -131,7 +135,7 @@ def main(out: Path, task_texts: list[str]) -> None:
     tokenizer = make_inputs.write_tokenizer(out / "tokenizer", corpus)
     config = make_inputs.model_config(tokenizer)
     tokens = chain_tokens(tokenizer)
-    write_model(out / "hf_model", config, tokens)
+    write_model(out / "hf_model", config, tokens, ENDING if task_texts else NEXT)
     make_inputs.write_hub_cache(out / "hf_home", out / "tokenizer", out / "hf_model", config)
     (out / "chain.json").write_text(json.dumps(tokens, indent=1))
     print(out)

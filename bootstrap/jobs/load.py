@@ -487,6 +487,21 @@ def _resolve_job(
 
 
 SETUP = "setup"  # the environment build every MaxText module needs
+HEALTH_ENV = "TPU_RL_HEALTH"  # the RL trainer's rules (remote/health.py reads them)
+AGREEMENT_MAXTEXT = (0, 2, 5)  # the first MaxText with rl.log_sampler_trainer_agreement: its sampler's log-probs
+
+
+def health_env(pipeline: Pipeline, spec: JobSpec) -> dict[str, str]:
+    """The RL trainer's health rules (jobs/pipeline.yaml's health), as its launcher reads them; none elsewhere."""
+    if spec.module != schedule.RL_TRAINER:
+        return {}
+    rules = pipeline.spec.health.model_dump()
+    try:
+        budget = int(spec.args.get("max_target_length", 1024)) - int(spec.args.get("max_prefill_predict_length", 256))
+    except ValueError:  # MaxText's own check says why
+        budget = 0
+    rules |= {"max_tokens": budget, "agreement": schema.numbers(pipeline.maxtext.version) >= AGREEMENT_MAXTEXT}
+    return {HEALTH_ENV: json.dumps(rules, sort_keys=True)}
 
 
 def render(pipeline: Pipeline) -> list[RenderedJob]:
@@ -510,6 +525,7 @@ def render(pipeline: Pipeline) -> list[RenderedJob]:
                 env={
                     **(pipeline.accelerator.env if spec.tpu else {}),
                     **tracking.trainer_env(pipeline.spec, spec.module, pipeline.values["run_name"]),
+                    **health_env(pipeline, spec),
                     **spec.env,
                 },
                 secrets=list(spec.secrets),

@@ -211,6 +211,24 @@ class ResultsSpec(Strict):
         return value
 
 
+class HealthSpec(Strict):
+    """When train stops itself, its last committed checkpoint kept (remote/health.py); 0 turns a rule off."""
+
+    smoke: bool = True  # the answers before training, through train's sampler: readable, not looping, ending
+    smoke_right: int = Field(1, ge=0, le=1_000_000)  # of them, at least this many right (where the task says)
+    reward_floor_steps: int = Field(20, ge=0, le=1_000_000)  # every completion at the lowest reward: steps in a row
+    kl_max: float = Field(1.0, ge=0, le=1_000, allow_inf_nan=False)  # the KL's most, either sign
+    length_steps: int = Field(10, ge=0, le=1_000_000)  # completions all empty, or all at the limit: steps in a row
+    agreement_warn: float = Field(1.05, ge=1, le=100, allow_inf_nan=False)  # sampler-trainer agreement: a warning
+    agreement_stop: float = Field(1.5, ge=1, le=100, allow_inf_nan=False)  # and a stop
+
+    @model_validator(mode="after")
+    def _ordered(self) -> HealthSpec:
+        if self.agreement_stop < self.agreement_warn:
+            raise ValueError(f"agreement_stop {self.agreement_stop:g} is below agreement_warn {self.agreement_warn:g}")
+        return self
+
+
 class GkeSpec(Strict):
     """The gke backend's container image: MaxText with the post-training dependencies."""
 
@@ -225,4 +243,5 @@ class PipelineSpec(Strict):
     environment: EnvironmentSpec
     vm: VmSpec = VmSpec()
     results: ResultsSpec = ResultsSpec()
+    health: HealthSpec = HealthSpec()
     gke: GkeSpec = GkeSpec()

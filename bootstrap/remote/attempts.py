@@ -84,6 +84,7 @@ class EvalRecorder(logging.Handler):
     def __init__(self, folder: str):
         super().__init__()
         self.folder, self.attempts = folder, evals.Attempts()
+        self.listeners: list = []  # told each eval as recorded (health's smoke rollout: the one before training)
 
     @classmethod
     def install(cls, environ: dict[str, str]) -> EvalRecorder | None:
@@ -111,7 +112,10 @@ class EvalRecorder(logging.Handler):
         if tally is not None and (measured := tally.take()) is not None:
             found["task"] = {"name": tally.task, **measured}
             print(evals.task_line(found["phase"], found["step"], measured, tally.task), file=sys.stderr, flush=True)
-        return record(self.folder, {**found, "recorded": time.time()})
+        where = record(self.folder, {**found, "recorded": time.time()})
+        for listener in self.listeners:
+            listener(found)
+        return where
 
 
 def recorded_evals(texts: list[str], total_steps: int | None) -> list[dict]:

@@ -175,10 +175,10 @@ class Driver:
         folders = [os.path.expanduser(self.graph.jobs[job]["job_dir"]) for job in sorted(self.graph.running)]
         return [read_json(os.path.join(folder, name)) or {} for folder in folders]
 
-    def wait_to_autostop(self) -> int:
-        """A done pipeline whose driver died while it waited to shut the VM down: the wait alone, its idle
-        clock kept (`since`: when the pipeline ended)."""
-        self.save(state=PipelineState.DONE.value)
+    def wait_to_autostop(self, state: str = PipelineState.DONE.value) -> int:
+        """A done (or stopped) pipeline whose driver died while it waited to shut the VM down: the wait alone, its
+        idle clock kept (`since`: when the pipeline ended)."""
+        self.save(state=state)
         self.emit({"event": "revived", "for": "autostop"})
         self.autostop()
         return 0
@@ -201,7 +201,7 @@ class Driver:
         if outcome is PipelineState.DONE and (why := only_on_the_vm(self.plan)):
             self.save(autostop_idle=None, autostop_why=why)  # never revived to wait either
             self.emit({"event": "autostop-off", "why": why})
-        elif outcome is PipelineState.DONE:
+        elif outcome in (PipelineState.DONE, PipelineState.STOPPED):  # stopped: nothing more to pay for either
             self.autostop()
         return 0 if outcome is PipelineState.DONE else 1
 
@@ -277,7 +277,8 @@ def run(layout: Layout, autostop_only: bool = False) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # replaced by a new plan while waiting to autostop
         plan = read_json(_path(layout, PLAN))
         if autostop_only:
-            return Driver(layout, plan, since=(read_json(_path(layout, DRIVER)) or {}).get("since")).wait_to_autostop()
+            was = read_json(_path(layout, DRIVER)) or {}
+            return Driver(layout, plan, since=was.get("since")).wait_to_autostop(was.get("state", "done"))
         return Driver(layout, plan).run()
 
 
@@ -294,10 +295,11 @@ def _spawn(layout: Layout, autostop_only: bool = False) -> dict:
 
 
 def waiting_to_autostop(record: dict | None) -> bool:
-    """A done pipeline that is to shut the VM down and has not yet (its driver waits, or died waiting)."""
+    """A done (or stopped) pipeline that is to shut the VM down and has not yet (its driver waits, or died
+    waiting)."""
     return bool(
         record
-        and record["state"] == PipelineState.DONE.value
+        and record["state"] in (PipelineState.DONE.value, PipelineState.STOPPED.value)
         and record.get("autostop_idle")
         and (record.get("shutdown") or {}).get("exit_code") != 0
     )

@@ -18,6 +18,8 @@ optional:
     log         {"path", "offset"}: the startup log from that byte on (at most LOG_CHUNK; its last
                 bytes once the script failed), and the offset where that ends
 
+With `startup`, also `booted`: when the VM booted (the kernel's btime), where goodput's paid time begins.
+
 Standard library only, and nothing else of tpu-rl's until the tools were found current.
 """
 
@@ -91,6 +93,14 @@ def startup_line(marker: str, failure_record: str) -> str:
     return "startup running"
 
 
+def booted() -> int | None:
+    """When this machine booted, in seconds since the epoch (/proc/stat's btime); None where it cannot be read."""
+    for line in (read("/proc/stat") or b"").decode(errors="replace").splitlines():
+        if line.startswith("btime "):
+            return int(line.split()[1])
+    return None
+
+
 def log_from(path: str, offset: int, last: bool) -> dict:
     """The log's text from byte `offset` (or, `last`, its last LOG_CHUNK bytes) and where that ends."""
     try:
@@ -117,6 +127,7 @@ def answer(request: dict) -> dict:
     if "startup" in request:
         marker, record = (os.path.expanduser(request["startup"][key]) for key in ("marker", "failure_record"))
         found["startup"] = startup_line(marker, record)
+        found["booted"] = booted()
     if "log" in request:
         failed = found.get("startup", "").startswith("startup failed")
         found["log"] = log_from(os.path.expanduser(request["log"]["path"]), request["log"]["offset"], failed)

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from datetime import datetime
 
 try:
-    from .jobrunner import JobState  # on the laptop: bootstrap.remote
+    from .jobrunner import GO_ON_ENV, JobState  # on the laptop: bootstrap.remote
 except ImportError:
-    from jobrunner import JobState  # on the VM: beside this script in the tools folder
+    from jobrunner import GO_ON_ENV, JobState  # on the VM: beside this script in the tools folder
 
 PREFLIGHT = "preflight"  # what failed, when the run's folders are refused before any job is looked at
 
@@ -28,6 +28,8 @@ class PipelineState(str, enum.Enum):
     """A job failed (or a preflight check did); what did not need it ran on."""
     INTERRUPTED = "interrupted"
     """The driver died before the pipeline ended; the next fab command restarts it."""
+    STOPPED = "stopped"
+    """A health rule stopped a job (train: its last committed checkpoint kept); what did not need it ran on."""
 
 
 class Action(enum.Enum):
@@ -39,11 +41,18 @@ class Action(enum.Enum):
     """Running (perhaps started before a driver or fab went away): follow it."""
     START = "start"
     """Never run, failed, interrupted, stale, or its outputs are gone: (re)start it."""
+    HOLD = "hold"
+    """Stopped by a health rule: left stopped, its dependants with it, until fab train --go-on."""
 
 
-def decide(name: str, state: dict) -> tuple[Action, str]:
-    """The decision table: one action and one line for the user per job state."""
+def decide(name: str, state: dict, go_on: bool = False) -> tuple[Action, str]:
+    """The decision table: one action and one line for the user per job state (`go_on`: fab train --go-on)."""
     job_state = JobState(state["state"])
+    if job_state is JobState.STOPPED and not go_on:
+        why = "a health rule stopped it (its log says which); fab train --go-on carries it on, --new-run starts afresh"
+        return Action.HOLD, f"{name}: {why}"
+    if job_state is JobState.STOPPED:
+        return Action.START, f"{name}: stopped by a health rule, carried on as fab train --go-on asks"
     if job_state is JobState.DONE and state.get("restored_from"):
         return (
             Action.SKIP,
@@ -95,6 +104,7 @@ class Graph:
         self.state_of, self.launch, self.preflight, self.emit = state_of, launch, preflight, emit
         self.done: set[str] = set()
         self.failed: dict[str, str] = {}  # job -> why (its own error, or the need that failed)
+        self.stopped: set[str] = set()  # of those, stopped by a health rule, and what needs them
         self.running: set[str] = set()
         self.relaunched: set[str] = set()
         self.preflights: dict[bool, bool] = {}  # each phase's verdict, once: before any job (False), a TPU job (True)
@@ -121,7 +131,9 @@ class Graph:
 
     @property
     def outcome(self) -> PipelineState:
-        return PipelineState.DONE if not self.failed else PipelineState.FAILED
+        if not self.failed:
+            return PipelineState.DONE
+        return PipelineState.STOPPED if set(self.failed) <= self.stopped else PipelineState.FAILED
 
     def _ready(self) -> list[dict]:
         decided = self.done | set(self.failed) | self.running
@@ -169,13 +181,20 @@ class Graph:
             for name, job in self.jobs.items():
                 bad = next((n for n in job["needs"] if n in self.failed), None)
                 if bad and name not in self.failed and name not in self.running and name not in self.done:
-                    self.failed[name] = f"needs {bad}, which failed"
+                    self.failed[name] = f"needs {bad}, which {'stopped' if bad in self.stopped else 'failed'}"
+                    if bad in self.stopped:
+                        self.stopped.add(name)
                     self.emit({"event": "blocked", "job": name, "needs": bad})
                     changed = True
 
     def _decide(self, job: dict) -> None:
         name, state = job["name"], self.state_of(job)
-        action, message = decide(name, state)
+        action, message = decide(name, state, bool(((job.get("spec") or {}).get("env") or {}).get(GO_ON_ENV)))
+        if action is Action.HOLD:
+            self.failed[name], self.stopped = state.get("error") or "stopped", self.stopped | {name}
+            self.emit({"event": "decide", "job": name, "action": action.value, "message": message, "state": state})
+            self.emit({"event": "end", "job": name, "state": state})
+            return
         if not job.get("start", True) and action is not Action.SKIP:
             self.failed[name] = f"{name} is {state['state']}"
             self.emit({"event": "needed", "job": name, "state": state})
@@ -220,4 +239,6 @@ class Graph:
             self.done.add(name)
         else:
             self.failed[name] = state.get("error") or job_state.value
+            if job_state is JobState.STOPPED:
+                self.stopped.add(name)
         self.emit({"event": "end", "job": name, "state": state})

@@ -90,7 +90,7 @@ def eval_result(result: dict, run: str, url: str) -> EvalResult:
         dataset_config="main" if not result.get("task") else None,
         dataset_split="test",
         metric_type=metric,
-        metric_value=round(result["after"], 4),
+        metric_value=round(result["after"], 4 if result["measure"] == evals.MEAN_REWARD else 2),  # a % as the table
         metric_name=f"{evals.measure_name(result)} after training",
         metric_args={
             "problems": result["problems"],

@@ -29,6 +29,7 @@ EXPORT = "export"  # the export's SHA256SUMS on the VM
 CHECKPOINTS = "checkpoints"  # the folder of the run's checkpoints (its steps in it)
 ATTEMPTS = "attempts"  # each start's record (attempts.py)
 PREEMPTIONS = "preemptions"  # each preemption's record (preempted.py)
+STOP = "stop"  # the record of a health rule's stop (health.py)
 RECORDS = "records"  # a job's record of done, beside its outputs in the bucket
 COPIES = "copies"  # the SHA256SUMS of each durable copy of the export in the bucket
 SPEC_KEYS = ("argv", "env")  # what of a planned job fab compares with what jobs/ renders now
@@ -99,7 +100,9 @@ def on_vm(layout: jobrunner.Layout, run: str, places: dict, placeholder: str) ->
             kept[os.path.basename(os.path.dirname(marker))] = found
     log = places.get(EVALS, "").replace(placeholder, run)
     export = places.get(EXPORT, "").replace(placeholder, run)
+    stop = places.get(STOP, "").replace(placeholder, run)
     return {
+        "stop": _json(_read(os.path.expanduser(stop))) if stop and not gcs.is_gcs(stop) else None,
         "jobs": jobs,
         "settings": plan.get("settings"),
         "chips": plan.get("chips"),
@@ -129,7 +132,7 @@ def in_bucket(places: dict, placeholder: str) -> dict[str, dict]:
             value
         )
 
-    pairs = [(key, place) for key in (CHECKPOINTS, ATTEMPTS, PREEMPTIONS, COPIES) if (place := places.get(key))]
+    pairs = [(key, place) for key in (CHECKPOINTS, ATTEMPTS, PREEMPTIONS, STOP, COPIES) if (place := places.get(key))]
     pairs += [(RECORDS, place) for place in places.get(RECORDS) or []]
     in_the_bucket = [(key, place) for key, place in pairs if gcs.is_gcs(place)]  # what is on disk is the VM's
     for key, place in sorted(in_the_bucket, key=lambda pair: len(pair[1].partition(placeholder)[0])):
@@ -138,6 +141,8 @@ def in_bucket(places: dict, placeholder: str) -> dict[str, dict]:
                 note(run, "steps", jobrunner.finished_steps(place.replace(placeholder, run), listing))
             elif key == ATTEMPTS:
                 note(run, "attempts", attempts.parse([(_read(n) or b"").decode(errors="replace") for n in names]))
+            elif key == STOP:
+                note(run, "stop", _json(_read(names[0])))
             elif key == PREEMPTIONS:
                 kept = [{k: r.get(k) for k in ("at", "committed_step")} for n in names if (r := _json(_read(n)))]
                 note(run, "preemptions", sorted(kept, key=lambda r: r["at"] or 0))

@@ -48,6 +48,8 @@ except ImportError:
     import processes
 
 DEFERRED = re.compile(r"\$\{(hostname|latest_step:([^{}]+))\}")
+STOPPED_EXIT = 86  # a job's word that a health rule stopped it (health.py): the job is stopped
+GO_ON_ENV = "TPU_RL_HEALTH_GO_ON"  # in a stopped job's environment: fab train --go-on, carry it on
 SEAL_MAX_BYTES = (
     16 * 1024 * 1024
 )  # an output file this small is sealed by its SHA-256 (an export's SHA256SUMS, a config)
@@ -86,6 +88,9 @@ class JobState(str, enum.Enum):
     STALE = "stale"
     """Was done, but for inputs that have changed since (a copy of an export that was made again); inputs
     that are gone leave a copy done."""
+    STOPPED = "stopped"
+    """Ended by a health rule (remote/health.py: a NaN loss, a collapsed policy...), its exit code STOPPED_EXIT: not
+    failed, not done; its last committed checkpoint kept, and not started again until fab train --go-on."""
 
 
 class Layout:
@@ -272,7 +277,7 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
             else:  # changed, or the plan now copies another export
                 state.update(state=JobState.STALE, error=f"{', '.join(spec['inputs'])} changed")
     elif result:
-        state["state"] = JobState.FAILED
+        state["state"] = JobState.STOPPED if result["exit_code"] == STOPPED_EXIT else JobState.FAILED
     elif processes.alive(runner) or processes.alive(process):
         state["state"] = JobState.RUNNING
     elif runner:
@@ -386,7 +391,9 @@ class _Job:
                         exit_code, error = self.start(env, log, first=int(process.get("step", 0)) + 1)
                 else:
                     exit_code, error = self.start(env, log)
-                if exit_code and not error:
+                if exit_code == STOPPED_EXIT:
+                    error = "stopped by a health rule (its log's [tpu-rl] health line says which)"
+                elif exit_code and not error:
                     error = f"exited with {exit_code}" if exit_code > 0 else "its process was killed"
             except (OSError, LookupError, KeyError) as err:
                 exit_code, error = 1, f"could not start: {err}"

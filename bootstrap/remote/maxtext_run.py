@@ -25,10 +25,14 @@ import sys
 import traceback
 
 try:
-    from . import attempts, gcs, wandb_run  # on the laptop: bootstrap.remote.attempts
+    from . import attempts, eval_sample, gcs, health, health_hooks, jobrunner, wandb_run  # on the laptop
 except ImportError:
     import attempts  # on the VM and in a pod: beside this script in the tools folder
+    import eval_sample
     import gcs
+    import health
+    import health_hooks  # tunix and MaxText themselves imported only as the hooks go in, in train's process
+    import jobrunner
     import wandb_run
 
 TASK_ENV = "TPU_RL_TASK"  # a task of your own: its folder on the VM (jobs/task.py)
@@ -77,15 +81,30 @@ def main(argv: list[str]) -> None:
     sys.path[0] = os.getcwd()  # what `python -m` puts first, not this script's folder
     if importlib.util.find_spec(module) is None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
+    environ = dict(os.environ)
+    stop_record = health.record_path(environ)
+    still_stopped(stop_record)
     fetch_task_data()
-    attempts.record_start(dict(os.environ))
-    attempts.EvalRecorder.install(dict(os.environ))
+    attempts.record_start(environ)
+    recorder = attempts.EvalRecorder.install(environ)
     wandb_run.prepare(run_id=_run_identity())
     steady_grader_pool()
+    hooks = None
+    if (rules := health.rules_from(environ)) is not None:  # after the grader pool's module is loaded as it needs
+        hooks = health_hooks.install(rules)
+        if recorder is not None:
+            recorder.listeners.append(hooks.evaluated)
+    if count := eval_sample.batches(environ):
+        eval_sample.install(count)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit as exit_:
-        if exit_.code not in (None, 0) and _pool_open():
+        _said_agreement(hooks)
+    except health.Stopped as stop:
+        _stop(stop, stop_record)
+    except SystemExit as exit_:  # absl's app.run ends train_rl this way, done or not
+        if exit_.code in (None, 0):
+            _said_agreement(hooks)
+        elif _pool_open():
             _exit_now(exit_.code)
         raise
     except BaseException:
@@ -96,6 +115,45 @@ def main(argv: list[str]) -> None:
     finally:
         if close_grader_pool():
             print(f"[tpu-rl] closed MaxText's math_verify grader pool so that {module} can exit", file=sys.stderr)
+
+
+def _said_agreement(hooks) -> None:
+    """A train that ended well: its sampler-trainer agreement in one line, where it was measured."""
+    if hooks is not None and (line := hooks.watch.summary()):
+        health.say(line)
+
+
+def still_stopped(record: str | None) -> None:
+    """A run a health rule stopped stays stopped: its next start ends at once, saying why, unless fab train --go-on
+    asked to carry it on (the record then kept, marked cleared)."""
+    found = health.stopped(record) if record else None
+    if found is None:
+        return
+    if os.environ.get(health.GO_ON_ENV):
+        health.clear(record, found)
+        health.say(f"[tpu-rl] health: carrying on despite the stop at step {found.get('step')} ({found.get('why')})")
+        return
+    health.say(
+        f"[tpu-rl] health: stopped at step {found.get('step')}: {found.get('why')} (still: fab train --go-on carries "
+        "this run on, --new-run starts another)"
+    )
+    raise SystemExit(health.STOPPED_EXIT)
+
+
+def _stop(stop: health.Stopped, record: str | None) -> None:
+    """A rule fired: the stop recorded where the run's records are, said, and train ended at once with its last
+    committed checkpoint (an async save in flight is not committed, and is never resumed from)."""
+    folder = os.environ.get(attempts.CHECKPOINTS_ENV)
+    steps = jobrunner.finished_steps(os.path.expanduser(folder)) if folder else []
+    committed = steps[-1] if steps else None
+    try:
+        if record:
+            health.write_record(record, stop, committed)
+    except Exception as err:  # noqa: BLE001 - the stop stands; only its record is missing
+        health.say(f"[tpu-rl] health: could not record the stop in {record}: {err}")
+    kept = f"its last committed checkpoint: step {committed}" if committed is not None else "no checkpoint committed"
+    health.say(f"[tpu-rl] health: stopped at step {stop.step}: {stop.why} ({kept})")
+    _exit_now(health.STOPPED_EXIT)
 
 
 def fetch_task_data() -> None:

@@ -98,6 +98,11 @@ def message(event: dict) -> str:
         return f"{head}: its driver keeps stopping ({event.get('why', '')}); run fab status"
     if event.get("kind") == "preempted":
         return f"{head}: preempted {during(event)}; fab train --recover carries it on (--watch does it itself)"
+    if event.get("state") == "stopped":  # a health rule: its log's last line says which, at which step
+        failed = event.get("failed") or {}
+        job = next(iter(failed), "?")
+        last = f": {event['last_line']}" if event.get("last_line") else ""
+        return f"{head}: {job} stopped by a health rule{last}; its last committed checkpoint is kept"
     if event.get("state") == "failed":
         failed = event.get("failed") or {}
         job = next(iter(failed), "?")

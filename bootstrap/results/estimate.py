@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, replace
 from ..errors import Problem, UserError
 from ..jobs import accelerator as chips_of
 from ..jobs import schema, task_check
+from ..jobs.load import RenderedJob
 from ..jobs.plan import Plan
-from ..remote import gcs
-from . import prices, rates
+from ..remote import eval_sample, gcs
+from . import goodput, prices, rates
 from .runs import RunRecord, all_records
 
 CALIBRATED_SPREAD = 0.25  # +-, on a run of this machine's records
@@ -43,6 +44,7 @@ class Stage:
     source: str
     needs: tuple[str, ...] = ()  # what it waits for: jobs side by side take the longer one's time
     startup: tuple[float, float] | None = None  # train's: what each of its starts pays again (low, high seconds)
+    parts: dict[str, tuple[float, float]] | None = None  # train's: steps, evals, saves, start-up (goodput.expected)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,16 @@ class Estimate:
             done[s.name] = max((done.get(n, 0.0) for n in s.needs), default=0.0) + took
         return max(done.values(), default=0.0)
 
+    def span_before(self, name: str, end: str) -> float:
+        """When stage `name` can begin: the longest chain of what it needs."""
+        done: dict[str, float] = {}
+        for s in self.stages:
+            begins = max((done.get(n, 0.0) for n in s.needs), default=0.0)
+            if s.name == name:
+                return begins
+            done[s.name] = begins + (getattr(s, end) or 0.0)
+        return 0.0
+
     @property
     def low_s(self) -> float:
         return self._span("low_s")
@@ -113,6 +125,8 @@ class Estimate:
             total += f", not counting {', '.join(self.unknown)}"
         lines.append(total)
         lines.append(f"  after the run  {self.tail()}")
+        if said := self.goodput_line():
+            lines.append(said)
         if self.price is None:
             lines.append(f"  cost           {self.price_source}")
         else:
@@ -126,6 +140,18 @@ class Estimate:
                 lines.append(f"                 {self.price_note}")
         lines += self.spot_lines()
         return [*lines, *(f"  left out of the calibration: {line}" for line in self.left_out)]
+
+    def goodput_line(self) -> str | None:
+        """What share of the paid time the run's kept steps will have (results/goodput.py), and the largest rest."""
+        ledger = goodput.expected(self)
+        if ledger is None or ledger.share is None:
+            return None
+        line = f"  goodput        about {ledger.share:.0%}: steps {duration(ledger.productive_s)} of "
+        line += f"{duration(ledger.paid_s)} paid"
+        if largest := ledger.largest():
+            cause, seconds = largest
+            line += f"; the largest badput: {cause.label} {duration(seconds)} ({seconds / ledger.paid_s:.0%})"
+        return line
 
     def idle_cost(self) -> float | None:
         """What the idle time before autostop costs (None: no price, or no autostop)."""
@@ -164,6 +190,7 @@ class Estimate:
             if self.on_demand is not None
             else None,
             "preemption_s": [round(seconds) for seconds in self.preemption_s()],
+            "goodput": ledger.to_dict() if (ledger := goodput.expected(self)) else None,
         }
 
 
@@ -189,10 +216,11 @@ def span(low: float, high: float) -> str:
     return f"{low / div:.1f}-{high / div:.1f} {unit}"
 
 
-def work(argv: list[str]) -> dict[str, float]:
-    """What a train step and an eval do, from train's arguments (rl.yml's values for the rest). A size that is
-    not a positive number (a count of test batches or an eval interval may be 0) is refused: no run does negative
-    work, and an estimate of it would be nonsense."""
+def work(argv: list[str], env: dict[str, str] | None = None) -> dict[str, float]:
+    """What a train step and an eval do, from train's arguments (rl.yml's values for the rest) and its environment
+    (the intermediate evals' sample, remote/eval_sample.py). A size that is not a positive number (a count of test
+    batches or an eval interval may be 0) is refused: no run does negative work, and an estimate of it would be
+    nonsense."""
     args = {**RL_DEFAULTS, **{k: v for k, _, v in (a.partition("=") for a in argv) if k in RL_DEFAULTS}}
     value = {}
     for key, raw in args.items():
@@ -209,10 +237,26 @@ def work(argv: list[str]) -> dict[str, float]:
                     f"{str(raw)[:40]!r} is not a number of at least {least} (jobs/train.yaml or --arg train.{key})",
                 )
             )
+    sample = (env or {}).get(eval_sample.SAMPLE_ENV, "").strip()
+    if sample and not sample.isdigit():
+        key = f"env.{eval_sample.SAMPLE_ENV}"
+        raise UserError(
+            Problem(
+                "train",
+                key,
+                f"{sample[:40]!r} is not a whole number of batches, 0 for all (jobs/train.yaml or --arg train.{key})",
+            )
+        )
     new_tokens = max(1.0, value["max_target_length"] - value["max_prefill_predict_length"])
+    batches = max(0.0, value["num_test_batches"])
+    sampled = min(batches, float(sample)) if sample and int(sample) > 0 else batches
+    per_batch = value["eval_batch_size"] * value["num_eval_passes"] * new_tokens
     return {
         "step": value["batch_size"] * value["rl.num_generations"] * new_tokens,
-        "eval": max(0.0, value["num_test_batches"]) * value["eval_batch_size"] * value["num_eval_passes"] * new_tokens,
+        "eval": batches * per_batch,
+        "sample_eval": sampled * per_batch,  # an eval during training: the sample's batches
+        "eval_items": batches * value["eval_batch_size"],  # a whole eval's problems, as its line counts them
+        "sample_items": sampled * value["eval_batch_size"],
         "eval_interval": value["eval_interval"],
         "num_test_batches": value["num_test_batches"],
         **{
@@ -230,13 +274,19 @@ def work(argv: list[str]) -> dict[str, float]:
     }
 
 
-def evals_of(steps: int, units: dict[str, float]) -> int:
-    """The evals a run makes after training starts: one every eval_interval steps (the last step too), and the
-    one after training; none without test batches. (The one before training is part of start-up.)"""
+def evals_of(steps: int, units: dict[str, float]) -> tuple[int, int]:
+    """The evals a run makes after training starts: (during it, one every eval_interval steps, the last step too,
+    on the sample; after it, whole); none without test batches. (The whole one before training is part of
+    start-up.)"""
     if units["num_test_batches"] <= 0:
-        return 0
+        return 0, 0
     interval = int(units["eval_interval"])
-    return (steps // interval if interval > 0 else 0) + 1
+    return (steps // interval if interval > 0 else 0), 1
+
+
+def saves_of(steps: int, units: dict[str, float]) -> int:
+    """The checkpoint saves of a run of `steps`: every checkpoint_period steps (the last step's at least)."""
+    return max(1, steps // max(1, int(units["checkpoint_period"])))
 
 
 def chip_name(plan: Plan) -> str | None:
@@ -257,9 +307,9 @@ def shape(plan: Plan) -> dict:
     }
 
 
-def measured(split: dict, argv: list[str], plan: Plan) -> dict:
+def measured(split: dict, train: RenderedJob, plan: Plan) -> dict:
     """A run's record of its train's time split, with what the next estimate scales it by and must share."""
-    return {**split, "work": work(argv), "shape": shape(plan)}
+    return {**split, "work": work(train.argv[3:], train.env), "shape": shape(plan)}
 
 
 def _usable(timing: dict | None) -> bool:
@@ -289,7 +339,7 @@ def estimate(
     waits after the run and why (before.autostop_of); `only` the jobs that will run (all, and the copies)."""
     for job in plan.jobs:
         if job.name == "train" and job.rendered is not None:
-            work(job.rendered.argv[3:])  # a size that is no positive number is refused, calibrated or not
+            work(job.rendered.argv[3:], job.rendered.env)  # a size that is no positive number is refused
     damaged: list[str] = []
     records = all_records(damaged)  # a damaged one is left out, its line in `damaged`
     record = calibration(plan, records)
@@ -335,7 +385,9 @@ def _preemption(plan: Plan, stages: list[Stage]) -> tuple[tuple[float, float], s
             if train.low_s is None:
                 continue
             steps = max(1, job.rendered.progress["total_steps"])
-            share = min(1.0, work(job.rendered.argv[3:])["checkpoint_period"] / steps) if kept else 1.0
+            share = (
+                min(1.0, work(job.rendered.argv[3:], job.rendered.env)["checkpoint_period"] / steps) if kept else 1.0
+            )
             fixed = train.startup or (0.0, 0.0)  # a whole start again, then the steps since the last checkpoint
             low += fixed[0] + (train.low_s - fixed[0]) * share
             high += fixed[1] + (train.high_s - fixed[1]) * share
@@ -385,23 +437,42 @@ def _calibrated(plan: Plan, job, record: RunRecord, shared: dict[str, RunRecord]
 
 def _train(job, record: RunRecord) -> Stage:
     """The earlier train's own duration (imports, loading, compiling: all it took), its steps and evals swapped for
-    this run's, each scaled by the work it does."""
-    was, now = record.timing, work(job.rendered.argv[3:])
+    this run's, each scaled by the work it does: its steps at their steady rate, its warm-up once."""
+    was, now = record.timing, work(job.rendered.argv[3:], job.rendered.env)
     then = was["work"]
     steps = job.lr_schedule.train_steps if job.lr_schedule else was["steps"]
     step_s = was["step_s"] * now["step"] / then["step"]
-    eval_s = was["eval_s"] * (now["eval"] / then["eval"] if then["eval"] else 1.0)
+    rate = eval_rate(was)  # seconds a unit of eval work
+    whole_s, sample_s = rate * now["eval"], rate * now["sample_eval"]
     took = _duration(record, "train")
     fixed = took - was["steps"] * was["step_s"] - was["evals"] * was["eval_s"] if took is not None else -1.0
-    fixed = fixed if fixed >= 0 else was["startup_s"]  # a start time a re-attached runner rewrote: the log's own
-    # its start-up held the eval before training at its size: this run's instead (a probe's was one batch)
-    before = was["eval_s"] if then.get("num_test_batches", 1) > 0 else 0.0
-    fixed = max(0.0, fixed - before) + (eval_s if now["num_test_batches"] > 0 else 0.0)
-    seconds = fixed + steps * step_s + evals_of(steps, now) * eval_s
+    if fixed < 0:  # a start time a re-attached runner rewrote: the log's own
+        fixed = was["startup_s"] + was.get("warmup_s", 0.0)
+    # its start-up held the eval before training at its size (a probe's was one batch): this run's instead
+    fixed = max(0.0, fixed - rate * then["eval"]) + whole_s
+    during, after = evals_of(steps, now)
+    saves = was.get("saves_s", 0.0) / saves_of(was["steps"], then) * saves_of(steps, now)
+    evals_s = during * sample_s + after * whole_s
+    seconds = fixed + steps * step_s + evals_s
     why = f"run {record.name}'s start-up {fixed:.0f} s, {steps} steps x {step_s:.2f} s, "
-    why += f"{evals_of(steps, now)} evals x {eval_s:.0f} s"
-    startup = (fixed * (1 - CALIBRATED_SPREAD), fixed * (1 + CALIBRATED_SPREAD))
-    return Stage("train", seconds * (1 - CALIBRATED_SPREAD), seconds * (1 + CALIBRATED_SPREAD), why, startup=startup)
+    why += f"{during + after} evals ({during} on a sample) x {sample_s:.0f}-{whole_s:.0f} s"
+    low, high = 1 - CALIBRATED_SPREAD, 1 + CALIBRATED_SPREAD
+    startup = (fixed * low, fixed * high)
+    parts = {"steps": max(0.0, steps * step_s - saves), "saves": saves, "evals": evals_s + whole_s,
+             "startup": fixed - whole_s}  # fmt: skip
+    return Stage("train", seconds * low, seconds * high, why, startup=startup,
+                 parts={name: (value * low, value * high) for name, value in parts.items()})  # fmt: skip
+
+
+def eval_rate(split: dict) -> float:
+    """Seconds a unit of eval work (estimate.work's) took in a measured run: its timed evals' mean over their work
+    (their problems counted in their lines, where the record has them: a sample is smaller than a whole eval)."""
+    then = split["work"]
+    if not then["eval"] or not split["eval_s"]:
+        return 0.0
+    timed = then["eval"] * split["eval_items"] / then["eval_items"] if split.get("eval_items") and then.get(
+        "eval_items") else then["eval"]  # fmt: skip
+    return split["eval_s"] / timed
 
 
 def _copies(plan: Plan, record: RunRecord | None) -> Stage:
@@ -426,8 +497,8 @@ def _uncalibrated(plan: Plan, job) -> Stage:
     if job.name == "train" and job.lr_schedule:
         steps = job.lr_schedule.train_steps
         if found := _from_work(plan, job, steps):
-            low, high, source, startup = found
-            return Stage("train", low, high, source, startup=startup)
+            low, high, source, startup, parts = found
+            return Stage("train", low, high, source, startup=startup, parts=parts)
         seconds = GUIDE_TRAIN_S * steps / GUIDE_STEPS
         source = f"the public guide: about 10 minutes for {GUIDE_STEPS} steps, scaled to {steps} steps"
         startup = (min(rates.START_UP_S[0], seconds * 0.5), min(rates.START_UP_S[1], seconds * 3))
@@ -435,11 +506,12 @@ def _uncalibrated(plan: Plan, job) -> Stage:
     return Stage(job.name, None, None, "no measurement yet: a first run of this stack measures it")
 
 
-def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str, tuple[float, float]] | None:
+def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str, tuple[float, float], dict] | None:
     """Train from the work its arguments ask for, at published rates (results/rates.py); None where a figure is
     missing (a CPU, a chip or a model they do not cover)."""
-    sizes = work(job.rendered.argv[3:])
+    sizes = work(job.rendered.argv[3:], job.rendered.env)
     reward_s = sum(task_check.remembered(plan.task).values())  # each reward on one completion, as checked here
+    during, after = evals_of(steps, sizes)
     asked = rates.TrainWork(
         steps=steps,
         completions=sizes["batch_size"] * sizes["rl.num_generations"],
@@ -447,9 +519,11 @@ def _from_work(plan: Plan, job, steps: int) -> tuple[float, float, str, tuple[fl
         sequence=sizes["max_target_length"],
         eval_batches=max(0.0, sizes["num_test_batches"]),
         eval_completions=sizes["eval_batch_size"] * sizes["num_eval_passes"],
-        evals=evals_of(steps, sizes) + (1 if sizes["num_test_batches"] > 0 else 0),  # and the one before training
-        saves=max(1, steps // max(1, int(sizes["checkpoint_period"]))),
+        evals=after + (1 if sizes["num_test_batches"] > 0 else 0),  # and the one before training
+        saves=saves_of(steps, sizes),
         reward_s=reward_s,
+        sample_evals=during,
+        sample_batches=sizes["sample_eval"] / sizes["eval"] * sizes["num_test_batches"] if sizes["eval"] else 0.0,
     )
     return rates.train(asked, plan.accelerator.device_kind, plan.accelerator.chips, _parameters(plan))
 
@@ -465,8 +539,9 @@ def _parameters(plan: Plan) -> int | None:
 
 def probe_overrides(steps: int) -> list[str]:
     """What turns a run into its probe (`fab train --probe N`): N steps, one eval batch before and after them."""
-    if steps < 2:
-        raise UserError(f"--probe {steps}: at least 2 steps (a step's time is measured between two)")
+    if steps < 4:
+        raise UserError(f"--probe {steps}: at least 4 steps (the steady step is measured between the later ones: the "
+                        "first warm up, and the last one's line comes with the one before it)")  # fmt: skip
     return [f"vars.num_batches={steps}", "train.num_test_batches=1", f"train.checkpoint_period={steps}"]
 
 
@@ -483,21 +558,31 @@ def took(record: RunRecord) -> float | None:
     return record.billed_s()
 
 
-def against(record: RunRecord) -> str:
-    """`took 1.2 h, 9.6 chip-hours, $25.92 (estimated 1.0-1.4 h, $21.60-$30.24)`: the result line's and fab runs';
-    "" before anything ran."""
+def against(record: RunRecord, ledger: goodput.Ledger | None = None) -> str:
+    """`took 1.2 h, paid 1.4 h with boot and idle: 11.20 chip-hours, $30.24, goodput 41% (estimated 1.0-1.4 h and
+    10 min idle, $21.60-$30.24, goodput about 38%)`: the result line's and fab runs'; "" before anything ran. The
+    chip-hours and cost are the paid time's (`ledger`, results/goodput.py), as the estimate's cost counts them."""
     seconds = took(record)
     if seconds is None:
         return ""
-    hours = seconds / 3600 * record.chips if record.chips else None
+    paid = ledger.paid_s if ledger else seconds
+    hours = paid / 3600 * record.chips if record.chips else None
     price = (record.estimate or {}).get("price_per_chip_hour")
     line = f"took {duration(seconds)}" + (f" on {len(record.lost_vms) + 1} VMs" if record.lost_vms else "")
-    line += f", {hours:.2f} chip-hours" if hours is not None else ""
-    line += f", ${hours * price:,.2f}" if hours is not None and price is not None else ""
-    if record.estimate:
-        line += f" (estimated {span(record.estimate['low_s'], record.estimate['high_s'])}"
-        if record.estimate.get("cost"):
-            low, high = record.estimate["cost"]
-            line += f", ${low:,.2f}-${high:,.2f}"
-        line += f"; not counting {', '.join(record.estimate['unknown'])})" if record.estimate.get("unknown") else ")"
+    figures = [f"{hours:.2f} chip-hours"] if hours is not None else []
+    figures += [f"${hours * price:,.2f}"] if hours is not None and price is not None else []
+    figures += [f"goodput {ledger.share:.0%}"] if ledger and ledger.share is not None else []
+    extra = [c.label for c in (goodput.Cause.BOOT, goodput.Cause.IDLE) if ledger and ledger.badput.get(c)]
+    line += f", paid {duration(paid)} with {' and '.join(extra)}: " if extra else ", " if figures else ""
+    line += ", ".join(figures)
+    if expected := record.estimate:
+        line += f" (estimated {span(expected['low_s'], expected['high_s'])}"
+        line += f" and {duration(expected['idle_s'])} idle" if expected.get("idle_s") else ""
+        if expected.get("cost"):
+            low, high = expected["cost"]
+            idle = expected.get("idle_cost") or 0.0
+            line += f", ${low + idle:,.2f}-${high + idle:,.2f}"
+        if (expected.get("goodput") or {}).get("share") is not None:
+            line += f", goodput about {expected['goodput']['share']:.0%}"
+        line += f"; not counting {', '.join(expected['unknown'])})" if expected.get("unknown") else ")"
     return line

@@ -20,6 +20,7 @@ from tensorboard.backend.event_processing.event_accumulator import SCALARS, TENS
 from tensorboard.util import tensor_util  # noqa: E402
 
 from ..remote import evals  # noqa: E402
+from .goodput import Ledger  # noqa: E402
 from .runs import minutes  # noqa: E402
 
 PANELS = {
@@ -30,7 +31,7 @@ PANELS = {
 Series = dict[str, dict[int, float]]  # tag -> step -> value
 # tunix logs rollout metrics for step N at step N-1 (tests/fixtures/logs, maxtext_cpu.md): shift them
 # so that one row is one training step. jax/* are compile and checkpoint timings, not training.
-ONE_STEP_BEHIND = ("rewards/", "completions/")
+ONE_STEP_BEHIND = ("rewards/", "completions/", "sampler_trainer/")  # the last: health_hooks.py, at the rollout
 # tunix writes a step's metrics once the next update is done and reads the learning rate from the
 # optimizer state then, so step N's value is the rate of update N+1 (the last step's is its own, which
 # the step before it already shows): shifted too, the rate of update 1 is not in the files.
@@ -217,8 +218,13 @@ def eval_steps(evals: list[dict], last_step: int) -> list[tuple[int, float, str]
     return points
 
 
-def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
-    figure, axes = plt.subplots(len(PANELS), 1, figsize=(9, 9), sharex=True)
+def plot(series: Series, evals: list[dict], path: Path, title: str, ledger: Ledger | None = None) -> None:
+    """The training panels over the steps; under them, with a ledger, where the paid chip time went."""
+    rows = len(PANELS) + (1 if ledger and ledger.share is not None else 0)
+    figure = plt.figure(figsize=(9, 9 + (1.6 if rows > len(PANELS) else 0)))
+    grid = figure.add_gridspec(rows, 1, height_ratios=[3] * len(PANELS) + [1] * (rows - len(PANELS)))
+    axes = [figure.add_subplot(grid[0])]
+    axes += [figure.add_subplot(grid[i], sharex=axes[0]) for i in range(1, len(PANELS))]
     last_step = max((max(v) for v in series.values() if v), default=0)
     for ax, (label, tag) in zip(axes, PANELS.items(), strict=True):
         values = series.get(tag, {})
@@ -229,24 +235,45 @@ def plot(series: Series, evals: list[dict], path: Path, title: str) -> None:
         if not steps:
             ax.text(0.5, 0.5, f"no {tag} in the event files", ha="center", transform=ax.transAxes)
     if evals:
-        accuracy = axes[0].twinx()
-        points = eval_steps(evals, last_step)
-        measured = next((e["task"] for e in evals if e.get("task")), None)
-        name = f"{measured['name']} {measured['measure']}" if measured else "GSM8K accuracy %"
-        unit = "" if measured and measured["measure"] == "mean_reward" else "%"
-        accuracy.plot([p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label=name)
-        for step, value, text in points:
-            offset = (-70, -12) if step == last_step else (4, 6)  # keep the last label inside the frame
-            accuracy.annotate(
-                f"{text}: {value:.1f}{unit}", (step, value), textcoords="offset points", xytext=offset, fontsize=8
-            )
-        accuracy.set_ylabel(f"eval {name}")
-        accuracy.legend(loc="lower right")
+        _plot_evals(axes[0], evals, last_step)
     axes[-1].set_xlabel("training step")
+    if rows > len(PANELS):
+        _plot_goodput(figure.add_subplot(grid[-1]), ledger)
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _plot_evals(ax, evals: list[dict], last_step: int) -> None:
+    accuracy = ax.twinx()
+    points = eval_steps(evals, last_step)
+    measured = next((e["task"] for e in evals if e.get("task")), None)
+    name = f"{measured['name']} {measured['measure']}" if measured else "GSM8K accuracy %"
+    unit = "" if measured and measured["measure"] == "mean_reward" else "%"
+    accuracy.plot([p[0] for p in points], [p[1] for p in points], "s--", color="tab:green", label=name)
+    for step, value, text in points:
+        offset = (-70, -12) if step == last_step else (4, 6)  # keep the last label inside the frame
+        accuracy.annotate(
+            f"{text}: {value:.1f}{unit}", (step, value), textcoords="offset points", xytext=offset, fontsize=8
+        )
+    accuracy.set_ylabel(f"eval {name}")
+    accuracy.legend(loc="lower right")
+
+
+def _plot_goodput(ax, ledger: Ledger) -> None:
+    """One bar of the paid chip-hours: the kept steps first, then each cause, largest first."""
+    parts = [("kept steps", ledger.productive_s)]
+    parts += sorted(((c.label, s) for c, s in ledger.badput.items() if s > 0), key=lambda item: -item[1])
+    left = 0.0
+    colours = plt.get_cmap("tab20").colors
+    for i, (label, seconds) in enumerate(parts):
+        hours = ledger.chip_hours(seconds)
+        ax.barh(0, hours, left=left, color="tab:green" if i == 0 else colours[(i * 2) % len(colours)], label=label)
+        left += hours
+    ax.set_yticks([])
+    ax.set_xlabel(f"chip-hours paid: goodput {ledger.share:.0%}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=6, fontsize=7, frameon=False)
 
 
 FLAT_SHARE = 0.5  # more steps than this with every completion scored alike: say there was little to learn from
@@ -278,8 +305,9 @@ def split_line(split: dict) -> str:
     )
 
 
-def summarize(record, path: Path, losses: dict, series: Series | None = None) -> dict:
-    """Per-job durations, evals, durable copies and what losses cost train: what to compare with the next run."""
+def summarize(record, path: Path, losses: dict, series: Series | None = None, ledger: Ledger | None = None) -> dict:
+    """Per-job durations, evals, durable copies, what losses cost train and where the paid time went (goodput):
+    what to compare with the next run."""
     jobs = {name: {"state": info.get("state"), "minutes": minutes(info)} for name, info in record.jobs.items()}
     result = evals.outcome(record.evals)
     flat = flat_rewards(series or {})
@@ -293,6 +321,7 @@ def summarize(record, path: Path, losses: dict, series: Series | None = None) ->
         "train_losses": losses,
         "time_split": record.timing,
         "preemptions": record.preemptions,
+        "goodput": ledger.to_dict() if ledger else None,
     }
     path.write_text(json.dumps(summary, indent=1))
     return summary

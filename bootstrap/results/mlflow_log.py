@@ -164,8 +164,8 @@ def _read(request: urllib.request.Request) -> bytes:
 
 def metric_points(series: Series, summary: dict) -> list[dict]:
     """Every number fab metrics wrote, as MLflow metrics: the training scalars by step (metrics.csv), each eval
-    at its step (evals.csv: before at 0, after at the last step), the result and where train's time went at the
-    last step (summary.json)."""
+    at its step (evals.csv: before at 0, after at the last step), the result, where train's time went and the
+    run's goodput with each cause's seconds at the last step (summary.json)."""
     now = _now()
     last = max((max(values) for values in series.values() if values), default=0)
     points = [_point(tag, value, step, now) for tag, values in series.items() for step, value in values.items()]
@@ -176,7 +176,12 @@ def metric_points(series: Series, summary: dict) -> list[dict]:
                 points.append(_point(f"eval/{field}", e[field], step, now))
         if measured := e.get("task"):  # the task's own measure of that eval: what judges the run
             points.append(_point(f"eval/task/{measured['measure']}", measured["value"], step, now))
-    for prefix, numbers in (("result", summary.get("result") or {}), ("time", summary.get("time_split") or {})):
+    found = summary.get("goodput") or {}
+    spent = {"share": found.get("share"), "paid_s": found.get("paid_s"), "productive_s": found.get("productive_s"),
+             **{f"badput/{cause}_s": seconds for cause, seconds in (found.get("badput_s") or {}).items()}}  # fmt: skip
+    for prefix, numbers in (
+        ("result", summary.get("result") or {}), ("time", summary.get("time_split") or {}), ("goodput", spent)
+    ):  # fmt: skip
         points += [_point(f"{prefix}/{k}", v, last, now) for k, v in _numbers(numbers)]
     return [p for p in points if math.isfinite(p["value"])]  # JSON has no NaN: MLflow would drop the batch's rest
 

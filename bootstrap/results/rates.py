@@ -76,14 +76,16 @@ class TrainWork:
     evals: int  # before training, during it, after it
     saves: int
     reward_s: float = 0.0  # the task's rewards on one completion (measured on this machine by task_check.py)
+    sample_evals: int = 0  # the evals during training, each on the sample's batches (remote/eval_sample.py)
+    sample_batches: float = 0.0
 
 
 def train(
     work: TrainWork, chip_kind: str, chips: int, parameters: int | None
-) -> tuple[float, float, str, tuple[float, float]] | None:
-    """Train's seconds (low, high), how they were reached, and its start-up's (low, high: loading, compiling and the
-    eval before training, what every start pays again); None where a figure is missing (a chip or a model these
-    figures do not cover)."""
+) -> tuple[float, float, str, tuple[float, float], dict[str, tuple[float, float]]] | None:
+    """Train's seconds (low, high), how they were reached, its start-up's (low, high: loading, compiling and the
+    eval before training, what every start pays again) and its parts (steps, evals, saves, start-up: low, high);
+    None where a figure is missing (a chip or a model these figures do not cover)."""
     chip = CHIPS.get(chip_kind)
     if chip is None or not parameters or parameters < 0 or chips < 1:
         return None
@@ -104,18 +106,27 @@ def train(
         update = work.completions * work.sequence * TRAIN_PASSES / trained * (1 + bound)  # half the rate at worst
         rewards = work.reward_s * (1 + bound)  # the VM's host may be slower than this machine
         step = generating(work.completions, bound) + update + SYNC_S[bound] + work.completions * rewards
-        evaluation = work.eval_batches * (generating(work.eval_completions, bound) + work.eval_completions * rewards)
-        ends.append((START_UP_S[bound] + work.steps * step + work.evals * evaluation + work.saves * SAVE_S[bound],
-                     step, evaluation))  # fmt: skip
-    (low, step_low, eval_low), (high, step_high, eval_high) = ends
+        batch = generating(work.eval_completions, bound) + work.eval_completions * rewards
+        evaluation = work.eval_batches * batch
+        parts = {
+            "steps": work.steps * step,
+            "evals": work.evals * evaluation + work.sample_evals * work.sample_batches * batch,
+            "saves": work.saves * SAVE_S[bound],
+            "startup": START_UP_S[bound],
+        }
+        ends.append((sum(parts.values()), step, evaluation, parts))
+    (low, step_low, eval_low, parts_low), (high, step_high, eval_high, parts_high) = ends
+    sampled = f" and {work.sample_evals} during training" if work.sample_evals else ""
+    sampled += " on a sample" if work.sample_evals and work.sample_batches < work.eval_batches else ""
     how = (
-        f"{work.steps} steps x {step_low:.1f}-{step_high:.1f} s, {work.evals} evals x {eval_low:.0f}-{eval_high:.0f} s, "
-        f"start-up {START_UP_S[0] // 60}-{START_UP_S[1] // 60} min, {work.saves} saves: {chip.name} limits, vLLM-on-TPU "
-        "and MaxText published rates (a bound)"
+        f"{work.steps} steps x {step_low:.1f}-{step_high:.1f} s, {work.evals} evals x {eval_low:.0f}-{eval_high:.0f} s"
+        f"{sampled}, start-up {START_UP_S[0] // 60}-{START_UP_S[1] // 60} min, {work.saves} saves: {chip.name} limits, "
+        "vLLM-on-TPU and MaxText published rates (a bound)"
         + (
             f"; the task's rewards {work.reward_s * 1e6:,.0f} µs a completion, as measured here"
             if work.reward_s
             else ""
         )
     )
-    return low, high, how, (START_UP_S[0] + eval_low, START_UP_S[1] + eval_high)
+    parts = {name: (parts_low[name], parts_high[name]) for name in parts_low}
+    return low, high, how, (START_UP_S[0] + eval_low, START_UP_S[1] + eval_high), parts

@@ -41,7 +41,7 @@ def current_run() -> str | None:
 
 FIELDS = (
     "name", "jobs", "evals", "results", "machine", "settings", "chips", "timing", "estimate", "preemptions", "lost_vms",
-    "task",
+    "task", "booted", "train_losses",
 )  # fmt: skip
 
 
@@ -59,6 +59,8 @@ class RunRecord:
     preemptions: list[dict] = field(default_factory=list)  # each Spot preemption, with what it cost (fab metrics)
     lost_vms: list[dict] = field(default_factory=list)  # each VM the run lost: its billed span (`lose_vm`)
     task: dict | None = None  # what it learns: the task's name, digest and each file's (jobs/task.py)
+    booted: float | None = None  # when its VM booted (None: this machine as the VM): goodput's boot (goodput.boot_of)
+    train_losses: dict | None = None  # what fab metrics counted of train's starts and steps again (metrics.loss_cost)
 
     @property
     def folder(self) -> Path:
@@ -139,6 +141,7 @@ class RunRecord:
             self.preemptions = self.preemptions or disk.preemptions
             self.lost_vms = self.lost_vms or disk.lost_vms
             self.task = self.task or disk.task
+            self.booted, self.train_losses = self.booted or disk.booted, self.train_losses or disk.train_losses
             data = {key: getattr(self, key) for key in FIELDS}
             _replace(self.folder / "record.json", json.dumps(data, indent=1))
             if not self.name.startswith(PROBE_PREFIX):  # a probe measures; the run carried on stays the current
@@ -190,10 +193,14 @@ class _Work(_Strict):
 
 class _Timing(_Strict):
     startup_s: Seconds
+    warmup_s: Seconds = 0.0
     step_s: Seconds
     steps: Annotated[int, Field(ge=0)]
+    first_step: Annotated[int, Field(ge=0)] = 1
     eval_s: Seconds
     evals: Annotated[int, Field(ge=0)]
+    eval_items: Annotated[int, Field(ge=0)] | None = None
+    saves_s: Seconds = 0.0
     work: _Work | None = None  # an older record's has none: it calibrates nothing
 
 
@@ -224,6 +231,11 @@ class _Task(_Strict):
     files: dict[str, str] = {}
 
 
+class _Losses(_Strict):
+    attempts: Annotated[int, Field(ge=1)]
+    steps_redone: Annotated[int, Field(ge=0)]
+
+
 class _Preemption(_Strict):
     at: Time
     committed_step: Annotated[int, Field(ge=0)] | None = None
@@ -245,6 +257,8 @@ class _Record(_Strict):
     preemptions: list[_Preemption] = []
     lost_vms: list[_LostVm] = []
     task: _Task | None = None
+    booted: Time | None = None
+    train_losses: _Losses | None = None
 
 
 def damage(data) -> str | None:

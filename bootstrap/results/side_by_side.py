@@ -11,8 +11,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from ..jobs.plan import PLACEHOLDER_RUN, Plan
-from ..remote import attempts, evals, inventory, manifest, preempted
+from ..remote import attempts, evals, health, inventory, manifest, preempted
 from ..remote.jobrunner import LOG
+from . import goodput
 from .publish import gcs_url
 from .runs import RunRecord
 
@@ -35,6 +36,7 @@ def request(plan: Plan, outputs: dict | None) -> dict:
         places[inventory.ATTEMPTS] = f"{env[attempts.DIR_ENV]}/*.json" if env.get(attempts.DIR_ENV) else ""
         records = preempted.folder_of(env)
         places[inventory.PREEMPTIONS] = f"{records}/*.json" if records else ""
+        places[inventory.STOP] = health.record_path(env) or ""
     if "export" in plan.names:
         places[inventory.EXPORT] = f"{plan.export_folder()}/{manifest.NAME}"
     if plan.spec.results.gcs:
@@ -74,7 +76,8 @@ def _estimated(record: RunRecord | None) -> dict | None:
     found = record.estimate if record else None
     if not found:
         return None
-    return {key: found[key] for key in ("low_s", "high_s", "chip_hours", "cost", "price_per_chip_hour", "unknown")}
+    keys = ("low_s", "high_s", "chip_hours", "cost", "price_per_chip_hour", "unknown", "idle_s", "goodput")
+    return {key: found.get(key) for key in keys}
 
 
 def _state(jobs: dict[str, dict], bucket: dict) -> str:
@@ -99,6 +102,19 @@ def _kept(record: RunRecord | None, vm: dict, bucket: dict, host: str) -> dict[s
     return {job: place for job, place in kept.items() if place}
 
 
+def _stopped(found: dict | None, record: RunRecord | None, billed: float | None) -> dict | None:
+    """A health rule's stop of the run (remote/health.py's record): which rule, at which step, why, and the chip-hours
+    it saved against what fab estimated the run would take (its middle)."""
+    if not found or found.get("cleared_at"):
+        return None
+    estimated = (record.estimate or {}) if record else {}
+    saved = None
+    if estimated.get("chip_hours") and billed is not None and record.chips:
+        saved = round(max(0.0, sum(estimated["chip_hours"]) / 2 - billed / 3600 * record.chips), 2)
+    kept = {key: found.get(key) for key in ("rule", "step", "why", "committed_step")}
+    return {**kept, "saved_chip_hours": saved}
+
+
 def _preemptions(record: RunRecord | None, bucket: dict) -> list[dict]:
     """Each preemption: as fab metrics costed it, else as the VM's shutdown script recorded it in the bucket (what it
     cost not yet counted: lost_chip_hours None)."""
@@ -108,9 +124,13 @@ def _preemptions(record: RunRecord | None, bucket: dict) -> list[dict]:
     return sorted([*costed, *found], key=lambda p: p.get("at") or 0)
 
 
-def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], chips: int = 0, host: str = "") -> dict:
-    """One run for `fab runs`: when, how far, with what settings, what it scored, what it cost, where its model is,
-    and who knows it (`listed`: what driver.py's `runs` said of it; `chips`: for a run known from the bucket alone)."""
+def row(
+    name: str, record: RunRecord | None, listed: dict, changes: list[str], chips: int = 0, host: str = "", boot_s=0.0
+) -> dict:
+    """One run for `fab runs`: when, how far, with what settings, what it scored, what it cost and its goodput, where
+    its model is, and who knows it (`listed`: what driver.py's `runs` said of it; `chips`: for a run known from the
+    bucket alone; `boot_s`: its VM's boot, where it was the first run on it). The paid chip-hours are the result
+    line's (results/goodput.py), where this machine's record has the run's times; else the VM's and bucket's span."""
     vm, bucket = listed.get("vm") or {}, listed.get("bucket") or {}
     jobs = {**(record.jobs if record else {}), **vm.get("jobs", {})}
     scored = evals.merged(record.evals if record else [], vm.get("evals", []))
@@ -124,6 +144,7 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
     ends = [j["finished"] for j in timed.values() if j.get("finished")]
     ends = ends or [r["finished"] for r in bucket.get("records", {}).values() if r and r.get("finished")]
     billed = ledger.billed_s(starts, ends)
+    spent = goodput.measured(record, boot_s) if record and record.billed_s() is not None else None
     first = [*starts, *(vm["started"] for vm in ledger.lost_vms)]
     settings = _settings(record, vm)
     known = [where for where, found in (("laptop", record), ("VM", "vm" in listed), ("bucket", bucket)) if found]
@@ -138,13 +159,17 @@ def row(name: str, record: RunRecord | None, listed: dict, changes: list[str], c
         "accuracy": [result["before"], result["after"]] if result else None,  # that measure, before -> after
         "format_accuracy": [result["format_before"], result["format_after"]] if result else None,
         "mean_reward": result.get("mean_reward_after"),
-        "chip_hours": _hours(billed, (record.chips if record else 0) or vm.get("chips") or chips),
+        "chip_hours": spent.to_dict()["chip_hours"]
+        if spent
+        else _hours(billed, (record.chips if record else 0) or vm.get("chips") or chips),
+        "goodput": spent.to_dict() if spent else None,
         "took_s": round(billed) if billed is not None else None,
         "vms": len(ledger.lost_vms) + 1,  # each billed while it ran: the lost ones' spans are in took_s
         "estimate": _estimated(record),
         "checkpoint_step": bucket["steps"][-1] if bucket.get("steps") else None,
         "train_starts": len(bucket.get("attempts", [])) or None,
         "preemptions": _preemptions(record, bucket),
+        "stopped": _stopped(vm.get("stop") or bucket.get("stop"), record, billed),
         "kept": _kept(record, vm, bucket, host),
     }
 
@@ -165,5 +190,5 @@ def rows(
         here, record = listed.get(name, {}), by_name.get(name)
         vm = here.get("vm") or {}
         changes = yaml_changes(vm["specs"], now(name, _settings(record, vm) or [])) if vm.get("specs") else []
-        made.append(row(name, record, here, changes, chips, host))
+        made.append(row(name, record, here, changes, chips, host, goodput.boot_of(record, records) if record else 0.0))
     return sorted(made, key=lambda r: (r["started"] or "", r["run"]))

@@ -18,6 +18,8 @@ STAMP = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d(?:\.\d+)?) ")
 STEP = re.compile(r"Train step (\d+) training loss")
 SAVE = re.compile(r"CompositeCheckpointHandler\.async_save\. Time taken: ([\d.]+)s")  # what a save held training up
 DONE = "RL Training Completed Successfully"
+SPIKE, SPIKE_S = 3.0, 1.0  # a step this many times the base step and this many seconds longer: a cost of its own
+EARLY = 0.75  # a first spike closer to its next than this share of their usual spacing: warm-up, not recurring
 HALF_A_YEAR_S = 182 * 86400  # a line this much earlier than the last came after New Year's midnight
 ATTEMPT = "[tpu-rl] starting "  # jobrunner's note at each start of a job: its log is appended to
 
@@ -38,7 +40,9 @@ class TrainTiming:
 
     first: float | None = None
     steps: dict[int, float] = field(default_factory=dict)  # step -> when its line came
-    evals: list[tuple[float, float]] = field(default_factory=list)  # (began, ended) of each timed eval
+    evals: list[tuple[float, float, int | None]] = field(
+        default_factory=list
+    )  # each timed eval: began, ended, problems
     saves_s: float = 0.0
     last_mark: float | None = None  # the last step's or the trainer's end line: an eval after it began there
     ended: float | None = None
@@ -59,38 +63,69 @@ class TrainTiming:
         elif DONE in line:
             self.last_mark = at
         elif (found := evals.parse(line)) is not None and found["phase"] != "pre" and self.last_mark is not None:
-            self.evals.append((self.last_mark, at))
+            self.evals.append((self.last_mark, at, found.get("total")))
             self.last_mark = None
         if m := SAVE.search(line):
             self.saves_s += float(m[1])
 
     def split(self) -> dict | None:
-        """Seconds: start-up (to the first step's end, less one step), the steps, the evals (each timed one's
-        mean), the saves; None before two steps."""
+        """Seconds: start-up (to the first step's end, less one step), warm-up (what the first steps took beyond the
+        steady rate), the steady step, the evals (each timed one's mean, and its problems), the saves; None before
+        two steps."""
         if len(self.steps) < 2 or self.first is None:
             return None
         order = sorted(self.steps)
-        gaps = [
-            self.steps[b] - self.steps[a]
-            for a, b in zip(order, order[1:], strict=False)
-            if b == a + 1 and not any(self.steps[a] <= began < self.steps[b] for began, _ in self.evals)
-        ]
-        # The mean, costs that come back every few steps included (on the TPU host a grader worker started anew
-        # every 5th step took 17 s); the first gap (the grader's first use: start-up) and the last (the last
-        # step's line comes with the one before it) left out where there are others.
-        inner = gaps[1:-1] if len(gaps) > 2 else gaps
-        step_s = statistics.mean(inner) if inner else (self.steps[order[-1]] - self.steps[order[0]]) / len(order)
-        eval_s = statistics.mean(end - began for began, end in self.evals) if self.evals else 0.0
+        timed = {  # a step's time: tunix logs a step's line once the next step is done (the last two come together)
+            b + 1: self.steps[b] - self.steps[a]
+            for a, b in zip(order, order[1:-1], strict=False)
+            if b == a + 1 and not any(self.steps[a] <= began < self.steps[b] for began, _, _ in self.evals)
+        }
+        step_s, warmup = steady(timed)
+        if step_s is None:
+            step_s = (self.steps[order[-1]] - self.steps[order[0]]) / len(order)
+        eval_s = statistics.mean(end - began for began, end, _ in self.evals) if self.evals else 0.0
+        items = [total for _, _, total in self.evals if total]
         startup = self.steps[order[0]] - self.first - step_s
         return {
             "startup_s": round(max(0.0, startup), 2),
+            "warmup_s": round(warmup, 2),
             "step_s": round(step_s, 3),
             "steps": len(order),
+            "first_step": order[0],
             "eval_s": round(eval_s, 2),
             "evals": len(self.evals),
+            "eval_items": round(statistics.mean(items)) if items else None,
             "saves_s": round(self.saves_s, 2),
             "total_s": round((self.ended or self.first) - self.first, 2),
         }
+
+
+def steady(timed: dict[int, float]) -> tuple[float | None, float]:
+    """The steady step and the warm-up before it, from each step's time (by step). A step is its base time (the
+    median), plus the costs that come back every few steps (on the TPU host a grader worker started anew about
+    every 5th or 6th step, 17 s, between 0.4 s steps): a step SPIKE times the base or more. The spikes recur at their
+    usual spacing (the later spikes' median spacing); a first spike well before its next (compiling a new shape, a
+    first use) is warm-up, paid once a start; the rest are spread over the steps between them (one spike alone: over
+    the steps up to it). Without such costs, the later half's mean, and what the earlier half took beyond it as
+    warm-up. None where no step was timed."""
+    if not timed:
+        return None, 0.0
+    steps = sorted(timed)
+    base = statistics.median(timed.values())
+    spikes = [n for n in steps if timed[n] >= SPIKE * base and timed[n] - base >= SPIKE_S]
+    if spikes:
+        spacings = [b - a for a, b in zip(spikes, spikes[1:], strict=False)]
+        usual = statistics.median(spacings[1:] or spacings) if spacings else spikes[0]
+        once = []
+        while len(spikes) - len(once) > 1 and spikes[len(once) + 1] - spikes[len(once)] < EARLY * usual:
+            once.append(spikes[len(once)])
+        recurring = spikes[len(once) :]
+        every = (recurring[-1] - recurring[0]) / (len(recurring) - 1) if len(recurring) > 1 else recurring[0]
+        excess = [timed[n] - base for n in recurring]
+        return base + sum(excess) / len(excess) / every, sum(timed[n] - base for n in once)
+    early, late = steps[: len(steps) // 2], steps[len(steps) // 2 :]
+    rate = statistics.mean(timed[n] for n in late)
+    return rate, max(0.0, sum(timed[n] for n in early) - len(early) * rate)
 
 
 def from_log(text: str) -> dict | None:

@@ -13,6 +13,7 @@ from fabric import Connection, task
 
 from ..errors import UserError
 from ..paths import jobs_dir
+from ..remote.jobrunner import GO_ON_ENV
 from ..vm import recovery
 from .common import ARG_HELP, RUN_HELP, console, number, open_session, prepare, reports_errors
 
@@ -92,11 +93,25 @@ def setup(c, arg=None):
         "probe": "first measure: convert if needed, N train steps and one eval batch, then the whole run's estimate",
         "watch": "stay attached; if the VM is lost (a Spot preemption), recreate it and carry the run on by itself",
         "tries": f"with --watch: the most recoveries in a row before giving up (default {recovery.TRIES})",
+        "go_on": "carry on a run a health rule stopped (jobs/pipeline.yaml: health), from its last checkpoint",
     },
 )
 @reports_errors
-def train(c, arg=None, run_name=None, new_run=False, detach=False, recover=False, probe=None, watch=False, tries=None):
+def train(
+    c,
+    arg=None,
+    run_name=None,
+    new_run=False,
+    detach=False,
+    recover=False,
+    probe=None,
+    watch=False,
+    tries=None,
+    go_on=False,
+):
     """Set up the VM, then prefetch + convert -> train -> export and the durable copies, all driven on the VM."""
+    if go_on:  # in train's environment: its launcher clears the stop and trains on (remote/health.py)
+        arg = [*(arg or []), f"train.env.{GO_ON_ENV}=1"]
     probe, tries = number(probe, "--probe", 0), number(tries, "--tries", recovery.TRIES, least=1)
     if watch and (detach or probe):
         raise UserError("--watch stays attached to the run: leave out --detach and --probe")

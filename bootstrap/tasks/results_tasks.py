@@ -48,7 +48,7 @@ def fetch_metrics(c, arg=None, run_name=None, demo=False):
 def write_metrics(session: Session) -> None:
     """fab metrics of the session's run: its events and records copied here, then CSV, PNG and a summary."""
     from ..remote import attempts, preempted
-    from ..results import metrics  # matplotlib and TensorBoard take half a second to import: only here
+    from ..results import goodput, metrics, runs  # matplotlib and TensorBoard take half a second to import: only here
 
     train = next((job for job in session.plan.rendered if job.progress), None)
     if train is None:
@@ -70,16 +70,18 @@ def write_metrics(session: Session) -> None:
     series = metrics.read_events(events)
     metrics.write_csv(series, folder / "metrics.csv")
     metrics.write_evals_csv(record.evals, folder / "evals.csv")
-    metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}")
     (folder / "jobs.json").write_text(json.dumps([job.to_dict() for job in session.plan.rendered], indent=1))
     losses = metrics.loss_cost(metrics.attempts(events, starts))
     costed = metrics.preemption_cost(preemptions, losses, record.chips or session.plan.accelerator.chips)
-    if record.timing is None or costed != record.preemptions:
-        record.preemptions = costed
+    counted = {"attempts": max(1, losses["attempts"]), "steps_redone": losses["steps_redone"]}
+    if record.timing is None or costed != record.preemptions or counted != record.train_losses:
+        record.preemptions, record.train_losses = costed, counted
         if record.timing is None:  # a run no fab command watched to its end: from train's log on the VM
             record.timing = _timing(session, train)
         record.save()
-    summary = metrics.summarize(record, folder / "summary.json", losses, series)
+    ledger = goodput.measured(record, goodput.boot_of(record, runs.all_records([])))
+    summary = metrics.summarize(record, folder / "summary.json", losses, series, ledger)
+    metrics.plot(series, record.evals, folder / "metrics.png", f"run {record.name}", ledger)
     steps = max((max(v) for v in series.values() if v), default=0)
     console.print(f"{len(series)} metrics over {steps} steps, {len(record.evals)} evals")
     if losses["attempts"] > 1:
@@ -93,6 +95,8 @@ def write_metrics(session: Session) -> None:
         console.print(metrics.preemption_line(record.preemptions), markup=False, highlight=False)
     if summary["time_split"]:
         console.print(f"train's time: {metrics.split_line(summary['time_split'])}", markup=False, highlight=False)
+    if ledger is not None:
+        console.print(ledger.line(), markup=False, highlight=False)
     if summary["result"]:
         console.print(f"result: {summary['result']['line']}", markup=False, highlight=False)
     for warning in summary["warnings"]:
@@ -276,7 +280,7 @@ def show_runs(c, json_: bool = False, here: dict[str, str] | None = None, shared
             row["run"],
             ", ".join(row["known"]),
             row["started"] or "-",
-            row["state"],
+            row["state"] + (_stop_cell(row["stopped"]) if row.get("stopped") else ""),
             "(unknown)"
             if row["settings"] is None
             else "\n".join(s for s in row["settings"] if s not in shared) or "(defaults)",
@@ -298,7 +302,13 @@ def _timing(session, train) -> dict | None:
     planned = next(job for job in session.plan.jobs if job.name == train.name)
     text = session.vm.read_text(f"{planned.job_dir}/{jobrunner.LOG}")
     split = timing.from_log(text) if text else None
-    return estimate.measured(split, train.argv[3:], session.plan) if split else None
+    return estimate.measured(split, train, session.plan) if split else None
+
+
+def _stop_cell(stopped: dict) -> str:
+    """fab runs' word on a run a health rule stopped: the rule, the step, what it saved."""
+    saved = f"; saved {stopped['saved_chip_hours']:.2f} chip-h of the estimate" if stopped["saved_chip_hours"] else ""
+    return f"\nstopped at step {stopped['step']} by health.{stopped['rule']}{saved}"
 
 
 def _against_estimate(row: dict) -> str:
@@ -306,10 +316,12 @@ def _against_estimate(row: dict) -> str:
     from ..results.estimate import duration, fell, span
 
     vms = f" on {row['vms']} VMs" if row.get("vms", 1) > 1 else ""  # each billed while it ran
+    spent = row.get("goodput") or {}
     cell = "\n".join(
         [
             *([duration(row["took_s"]) + vms] if row["took_s"] is not None else []),
-            *([f"{row['chip_hours']:.2f} chip-h"] if row["chip_hours"] is not None else []),
+            *([f"{row['chip_hours']:.2f} chip-h paid"] if row["chip_hours"] is not None else []),
+            *([f"goodput {spent['share']:.0%}"] if spent.get("share") is not None else []),
         ]
     )
     if preempted := row.get("preemptions"):
@@ -320,7 +332,10 @@ def _against_estimate(row: dict) -> str:
     if expected := row["estimate"]:
         done = row["state"] == "done" and row["took_s"]  # a failed or unfinished run's span is no measure
         where = f": {fell(row['took_s'], expected['low_s'], expected['high_s'])}" if done else ""
-        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])}{where})"
+        cell += f"\n(est. {span(expected['low_s'], expected['high_s'])}{where}"
+        cell += (
+            f"; goodput ~{expected['goodput']['share']:.0%})" if (expected.get("goodput") or {}).get("share") else ")"
+        )
     return cell or "-"
 
 

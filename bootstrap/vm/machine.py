@@ -59,6 +59,9 @@ TOOLS = (
     "manifest.py",
     "task_processor.py",
     "task_rewards.py",
+    "health.py",
+    "health_hooks.py",
+    "eval_sample.py",
 )
 FACTS_COMMAND = shlex.join(["python3", "-I", "-c", (REMOTE_SCRIPTS / "facts.py").read_text()])  # answers `ask`
 CHUNK = 64 * 1024
@@ -267,6 +270,7 @@ class Vm:
             "digests": {path: fact["digest"] for path, fact in found["secrets"].items()},
             "modes": {path: fact["mode"] for path, fact in found["secrets"].items()},
             "startup": startup.parse(found.get("startup", "")),
+            "booted": found.get("booted"),  # with a startup marker: a VM's boot, where goodput's paid time begins
         }
         if changed := [tool for tool in TOOLS if found["tools"].get(tool) != tools[tool]]:
             sftp = self._sftp()

@@ -146,7 +146,7 @@ def status_lines(record: dict | None) -> list[str]:
     if shutdown:
         outcome = "" if shutdown["exit_code"] == 0 else f", which failed: {shutdown['error'] or shutdown['exit_code']}"
         lines.append(f"  autostop: shut the VM down at {clock(shutdown['at'])}{outcome}")
-    elif record["state"] == PipelineState.DONE.value and record.get("alive") and idle:
+    elif record["state"] in (PipelineState.DONE.value, PipelineState.STOPPED.value) and record.get("alive") and idle:
         lines.append(
             f"  autostop: the VM shuts itself down after {_duration(idle)} with no fab command "
             f"(this one started the wait again: at {clock(time.time() + idle)})"
@@ -210,6 +210,7 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
         else:
             console.print(f"pipeline started on {vm.name}; it goes on without this laptop")
         session.record.machine = vm.identity  # a recreated VM of this identity carries the run on (tasks/common.py)
+        session.record.booted = vm.facts.get("booted") or session.record.booted  # goodput's boot (a recovery's VM: its)
         settings = list(session.overrides)
         if session.record.estimate is None or session.record.settings != settings:  # what it was estimated to take
             stack = session.stack or {}
@@ -220,8 +221,8 @@ def run(session: Session, jobs: list[PlannedJob], task: str, detach: bool, prepa
             )
             session.record.estimate = expected.to_dict()
         session.record.settings, session.record.chips = settings, session.plan.accelerator.chips
-        task = session.plan.task
-        session.record.task = {"name": task.name, "digest": task.digest, "files": task.digests}
+        own = session.plan.task  # the user's task, not the fab task this command runs
+        session.record.task = {"name": own.name, "digest": own.digest, "files": own.digests}
         session.record.save()  # this machine's current run: what `fab train --recover` carries on on a new VM
         if detach:
             stream.close()

@@ -15,8 +15,8 @@ from ..errors import UserError
 from ..jobs.plan import PlannedJob
 from ..remote import evals, jobrunner
 from ..remote.graph import Action, PipelineState
-from ..results import estimate, timing
-from ..results.runs import minutes
+from ..results import estimate, goodput, timing
+from ..results.runs import all_records, minutes
 from ..session import Session
 from .here import Here
 from .machine import JobStatus
@@ -112,7 +112,7 @@ class Watcher:
         record.note_job(name, status, self.jobs[name].job_dir if name in self.jobs else "", name not in self.skipped)
         attempts = [t for (job, _), t in self.timing.items() if job == name]
         if status.state is jobrunner.JobState.DONE and attempts and (split := attempts[-1].split()) is not None:
-            record.timing = estimate.measured(split, self.jobs[name].rendered.argv[3:], self.session.plan)
+            record.timing = estimate.measured(split, self.jobs[name].rendered, self.session.plan)
         progress = self.progress.get(name)
         if progress is not None and progress.evals:  # its log is read from its start: this attempt's whole list
             record.evals = evals.final(evals.merged(record.evals, progress.evals), progress.total_steps)
@@ -127,6 +127,13 @@ class Watcher:
         if self.preflight or self.problems:
             raise UserError(self.preflight + self.problems)
         failed = [(name, s) for name, s in self.ended.items() if s.state is not jobrunner.JobState.DONE]
+        if failed and failed[0][1].state is jobrunner.JobState.STOPPED:
+            name, status = failed[0]
+            why = self.session.vm.tail(self.jobs[name].job_dir, 1)  # the launcher's last line: the rule and step
+            raise UserError(
+                f"{name} stopped on {session.vm.name} by a health rule: {(why or ['see its log'])[-1].strip()}. "
+                "Fix the cause, then fab train --new-run; or fab train --go-on carries this run on despite it"
+            )
         if failed:
             name, status = failed[0]
             self._show_log(name, status)
@@ -142,7 +149,7 @@ class Watcher:
             session.console.print(eval_table(record.evals))
         for line in result_lines(record.evals):
             session.console.print(line, markup=False, highlight=False)
-        if line := estimate.against(record):
+        if line := estimate.against(record, goodput.measured(record, goodput.boot_of(record, all_records([])))):
             session.console.print(line, markup=False, highlight=False)
         if self.ended:
             session.console.print(self.summary())

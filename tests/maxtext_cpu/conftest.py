@@ -121,6 +121,8 @@ def cpu_fab_at(host, tmp: Path, release: Release = DEFAULT) -> Iterator[Fab]:
     write_test_jobs(jobs, tmp, [])
     edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(environment=environment(release)))
     edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True, check_environment=True))
+    # the tier's tiny model is built to be wrong: greedy, it repeats a tag (a smoke rollout would stop it, rightly)
+    edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(health={"smoke": False}))
     try:
         yield Fab(host, tmp, token, jobs, state)
     finally:

@@ -5,10 +5,16 @@ and the tiny model built to learn (bootstrap/demo/make_learnable_inputs.py, its 
 The rows are the example task's kind of problem, each of whose answers is 7: the one answer the tiny bigram model can
 learn to give. The learning run's measure rises beyond its interval; the control's (a learning rate that changes no
 weight) stays, and the gate holds it back. The user's reward runs on the model's real completions.
+
+The same runs prove a run's health (remote/health.py): the smoke rollout passes and the sampler-trainer agreement is
+near 1 on the healthy runs; a model whose weights were broken on purpose is stopped by the smoke rollout before any
+step; a learning rate that makes the loss NaN is stopped within steps, its checkpoint kept, its receiver told, the
+run shown stopped, and a later fab train does not forget it.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import re
@@ -20,12 +26,17 @@ import pytest
 
 from bootstrap.demo import MAKE_LEARNABLE_INPUTS, cpu, rehearsal
 from bootstrap.paths import REPO
-from bootstrap.remote import evals
-from tests.loopback import Fab, edit_yaml
-from tests.maxtext_cpu.conftest import RELEASES, Release, cpu_fab_at, set_up
+from bootstrap.remote import evals, jobrunner
+from tests.loopback import Fab, edit_yaml, wait_for
+from tests.maxtext_cpu.conftest import HERE, RELEASES, Release, cpu_fab_at, set_up
+from tests.webhook import Receiver
 
 TASKS_RELEASE = "0.2.5"  # MaxText's first release with reward hooks
-RESULT = re.compile(r"result: arithmetic correct ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
+HOOK = "TPU_RL_TEST_HOOK"  # results.notify's receiver: told when a rule stops a run
+AGREEMENT = "sampler_trainer/train/token_mult_prob_error"
+RESULT = re.compile(
+    r"result: arithmetic correct ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)"
+)
 
 
 @pytest.fixture(scope="module", params=[TASKS_RELEASE])
@@ -53,8 +64,10 @@ def runs(cpu_host, tmp_path_factory, release: Release) -> Iterator[dict]:
         for split, count, seed in (("train", 512, 1), ("test", 64, 2)):
             path = fab.jobs / "tasks" / "arithmetic" / f"{split}.jsonl"
             path.write_text("".join(json.dumps(row) + "\n" for row in rows(count, seed)))
-        edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data.update(task="arithmetic"))
-        edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data["results"].update(publish_if="improved"))
+        edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data.update(task="arithmetic", health={"smoke_right": 0}))
+        receiver = Receiver()
+        fab.secrets[HOOK] = receiver.url
+        edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data["results"].update(publish_if="improved", notify=[HOOK]))
         texts, inputs = tmp / "texts.txt", tmp / "inputs"
         texts.write_text("\n".join(rehearsal.task_texts(fab.jobs, "arithmetic")) + "\n")
         python = release.venv / "bin" / "python"
@@ -65,13 +78,15 @@ def runs(cpu_host, tmp_path_factory, release: Release) -> Iterator[dict]:
             *(f"train.{setting}" for setting in release.train),
             *rehearsal.TASK_LENGTHS,
         ]
-        found = {"fab": fab}
+        found = {"fab": fab, "receiver": receiver, "inputs": inputs}
         for name, rate in (("learns", rehearsal.LEARNING_RATE), ("control", rehearsal.CONTROL_LEARNING_RATE)):
             args = [word for s in [*settings, f"train.learning_rate={rate}"] for word in ("--arg", s)]
             done = fab("train", "--run-name", name, *args, timeout=1800)
             assert done.returncode == 0, done.stdout[-5000:] + done.stderr
             found[name] = {"out": done.stdout, "args": args}
+        found["settings"] = settings
         yield found
+        receiver.close()
 
 
 def record(fab: Fab, run: str) -> list[dict]:
@@ -120,3 +135,67 @@ def test_fab_runs_and_fab_metrics_say_the_tasks_measure(runs):
     summary = json.loads((fab.tmp / "runs" / "learns" / "summary.json").read_text())
     assert summary["result"]["measure"] == "correct" and summary["result"]["task"] == "arithmetic"
     assert "task_value" in (fab.tmp / "runs" / "learns" / "evals.csv").read_text().splitlines()[0]
+
+
+def test_the_healthy_runs_passed_the_smoke_rollout_and_the_sampler_agreed_with_the_trainer(runs):
+    """0.2.5: the agreement of each step is in metrics.csv, near 1 (the CPU sampler shares the trainer's model)."""
+    fab: Fab = runs["fab"]
+    log = (fab.job_dir("learns", "train") / "log").read_text(errors="replace")
+    assert "[tpu-rl] health: the smoke rollout passed: 64 answers before training" in log
+    assert f"[tpu-rl] health: the sampler and the trainer agreed over {rehearsal.STEPS} steps" in log
+    metrics = fab("metrics", "--run-name", "learns", *runs["learns"]["args"])
+    assert metrics.returncode == 0, metrics.stderr
+    with (fab.tmp / "runs" / "learns" / "metrics.csv").open() as f:
+        agreement = [float(row[AGREEMENT]) for row in csv.DictReader(f) if row.get(AGREEMENT)]
+    assert len(agreement) == rehearsal.STEPS and all(1.0 <= value < 1.01 for value in agreement), agreement
+
+
+def test_a_model_broken_on_purpose_is_stopped_by_the_smoke_rollout_before_any_step(runs, release: Release):
+    """The converted model's every answer is one token again and again (its output layer broken): train is stopped
+    before its first step, said with the answers, and the pipeline is stopped, not failed."""
+    fab: Fab = runs["fab"]
+    broken = fab.tmp / "broken_model"
+    script = HERE / "break_model.py"
+    subprocess.run([release.venv / "bin" / "python", script, runs["inputs"] / "hf_model", broken], check=True)
+    args = [word for s in [*runs["settings"], f"convert.--hf_model_path={broken}"] for word in ("--arg", s)]
+    done = fab("train", "--run-name", "broken", *args, timeout=1800)
+    assert done.returncode == 2, done.stdout[-3000:]
+    assert "train stopped on 127.0.0.1 by a health rule: [tpu-rl] health: stopped at step 0: the model's answers " \
+           "before training repeat one token" in " ".join(done.stderr.split())  # fmt: skip
+    log = (fab.job_dir("broken", "train") / "log").read_text(errors="replace")
+    assert "Train step 1 " not in log and "Starting RL training" not in log
+
+
+def test_a_loss_gone_nan_is_stopped_its_checkpoint_kept_told_shown_and_not_forgotten(runs):
+    """A learning rate of 1e30: the KL rule stops it first (at step 2 here), so it is off for this run, and the loss
+    or the reward gone NaN stops it a step later."""
+    fab: Fab = runs["fab"]
+    settings = [*runs["settings"], "train.learning_rate=1e30", "train.checkpoint_period=1"]
+    args = [word for s in settings for word in ("--arg", s)]
+    pipeline = fab.jobs / "pipeline.yaml"
+    kept = pipeline.read_text()
+    edit_yaml(pipeline, lambda data: data["health"].update(kl_max=0))
+    try:
+        done = fab("train", "--run-name", "diverges", *args, timeout=1800)
+    finally:
+        pipeline.write_text(kept)
+    assert done.returncode == 2 and "by a health rule" in done.stderr, done.stdout[-3000:] + done.stderr
+    log = (fab.job_dir("diverges", "train") / "log").read_text(errors="replace")
+    stopped = re.search(r"\[tpu-rl\] health: stopped at step (\d+): \S+ is nan at step \d+: the run diverged", log)
+    assert stopped and int(stopped[1]) <= 4, log[-3000:]
+    committed = re.search(r"its last committed checkpoint: step (\d+)", log)
+    actor = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "post-train" / "diverges" / "checkpoints" / "actor"
+    assert committed and int(committed[1]) in jobrunner.finished_steps(str(actor))  # kept
+
+    def told() -> list[dict]:
+        return [p["body"] for p in runs["receiver"].posts if p["body"].get("state") == "stopped" and
+                p["body"].get("run") == "diverges"]  # fmt: skip
+
+    wait_for(told, 60, "the stop told")
+    assert len(told()) == 1 and "train stopped by a health rule" in told()[0]["text"]
+    listed = json.loads(fab("runs", "--json").stdout)
+    (row,) = [row for row in listed if row["run"] == "diverges"]
+    assert row["state"] == "train stopped" and row["stopped"]["rule"] == "nan"
+    again = fab("train", "--run-name", "diverges", *args, timeout=600)  # no --go-on: still stopped, nothing trained
+    assert again.returncode == 2 and "train: a health rule stopped it" in again.stdout, again.stdout[-3000:]
+    assert log == (fab.job_dir("diverges", "train") / "log").read_text(errors="replace")

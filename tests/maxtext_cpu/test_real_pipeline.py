@@ -203,7 +203,11 @@ def test_wandb_logged_the_runs_reward_series_offline_under_its_name_and_never_sa
     state = cpu_fab.tmp / "state"
     (path,) = list((state / "runs" / run["run"] / "wandb").rglob("run-*.wandb"))
     train_log = job_log(cpu_fab, run, "train")
-    why = "127.0.0.1:9 cannot be reached" if run["keyed"] else "no WANDB_API_KEY was set where fab ran"
+    why = (
+        "127.0.0.1:9 cannot be reached (Connection refused)"
+        if run["keyed"]
+        else "no WANDB_API_KEY was set where fab ran"
+    )
     assert f"[tpu-rl] W&B: {why}: logging offline in" in train_log, train_log[-3000:]
     read = subprocess.run(
         [release.venv / "bin" / "python", HERE / "wandb_file.py", path], capture_output=True, text=True, check=True
@@ -232,6 +236,7 @@ def test_mlflow_received_the_run_with_the_numbers_fab_metrics_wrote(cpu_fab: Fab
     last = max(history[REWARD])
     assert history["result/before"] == {last: summary["result"]["before"]}
     assert history["result/after"] == {last: summary["result"]["after"]}
+    assert history["goodput/share"] == {last: summary["goodput"]["share"]}
     with (cpu_fab.tmp / "runs" / run["run"] / "evals.csv").open() as f:
         evals_csv = list(csv.DictReader(f))
     assert sorted(history["eval/accuracy"].values()) == sorted(float(row["accuracy"]) for row in evals_csv)
@@ -401,6 +406,34 @@ def test_a_rerun_is_a_no_op_and_a_lost_export_runs_alone_again(cpu_fab: Fab, run
     ]
     assert started == ["export"]
     assert Path(run["work"] / "hf-trained" / run["run"] / "generation_config.json").exists()
+
+
+def test_fab_metrics_says_where_the_paid_time_went_as_the_result_line_and_fab_runs_do(cpu_fab: Fab, run: dict, metrics):
+    """The kept steps and each cause add up to the time paid: this run's jobs from the first to the last; the steps
+    are train's own (its log's steady rate, its saves left out), the evals and start-up are there, and the result
+    line, summary.json and fab runs give the same goodput."""
+    summary = json.loads((cpu_fab.tmp / "runs" / run["run"] / "summary.json").read_text())
+    record = json.loads((cpu_fab.tmp / "runs" / run["run"] / "record.json").read_text())
+    spent, split = summary["goodput"], record["timing"]
+    assert spent["paid_s"] == pytest.approx(spent["productive_s"] + sum(spent["badput_s"].values()), abs=0.5)
+    jobs = [job for job in record["jobs"].values() if job.get("ran", True)]
+    span = max(j["finished"] for j in jobs) - min(j["started"] for j in jobs)
+    assert record["booted"] and not record["chips"]  # this machine's boot: no VM was made for the run, none paid
+    boot = 0.0
+    assert spent["paid_s"] == pytest.approx(span + boot + spent["badput_s"]["idle"], abs=1)
+    assert spent["productive_s"] == pytest.approx(STEPS * split["step_s"] - split["saves_s"], abs=0.5)
+    assert spent["badput_s"]["evals"] > 0 and spent["badput_s"]["startup"] > 0 and spent["badput_s"]["setup"] >= 0
+    said = f"goodput {spent['share']:.0%}"
+    assert said in " ".join(run["train"].stdout.split()) and said in metrics_out(cpu_fab, run)
+    listed = json.loads(cpu_fab("runs", "--json").stdout)
+    (row,) = [row for row in listed if row["run"] == run["run"]]
+    assert row["goodput"] == spent and row["chip_hours"] == pytest.approx(spent["chip_hours"], abs=0.01)
+
+
+def metrics_out(fab: Fab, run: dict) -> str:
+    result = fab("metrics", *run["args"])
+    assert result.returncode == 0, result.stderr
+    return " ".join(result.stdout.split())
 
 
 def test_the_next_runs_estimate_is_calibrated_on_this_runs_measured_time(cpu_fab: Fab, run: dict):

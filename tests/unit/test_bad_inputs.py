@@ -184,6 +184,14 @@ YAML_CASES = [
         put("results.mlflow", "http://me:pw@h:5000"),
     ),
     Case("gcs empty bucket", "results.gcs:", "pipeline.yaml", put("results.gcs", "gs://")),
+    Case(
+        "health stop below its warning",
+        "health: agreement_stop 1.01 is below agreement_warn 1.05",
+        "pipeline.yaml",
+        lambda b: b + b"health:\n  agreement_stop: 1.01\n",
+    ),
+    Case("health kl nan", "health.kl_max:", "pipeline.yaml", lambda b: b + b"health:\n  kl_max: .nan\n"),
+    Case("health unknown rule", "health.loss_max:", "pipeline.yaml", lambda b: b + b"health:\n  loss_max: 3\n"),
     Case("empty state_dir", "vm.state_dir: '' is not a plain folder", "pipeline.yaml", put("vm.state_dir", '""')),
     Case(
         "state_dir ..", "vm.state_dir: '../etc' is not a plain folder", "pipeline.yaml", put("vm.state_dir", "../etc")

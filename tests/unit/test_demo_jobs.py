@@ -34,7 +34,9 @@ def test_the_demo_jobs_pass_fabs_own_checks_and_change_only_what_a_cpu_needs(fol
     assert list(plan.job("prefetch").needs) == ["setup"]  # its Python is the environment's
     shipped, demo = (yaml.safe_load((d / "train.yaml").read_text()) for d in (REPO / "jobs", folder.jobs))
     assert {k: v for k, v in shipped.items() if k != "secrets"} == demo  # train itself: the user's
-    assert len(changes) == 6 and any(line.startswith("vm: this machine's CPU") for line in changes)
+    for name in ("convert", "export"):  # MaxText's default compile cache is ~/jax_cache: outside the demo's folder
+        assert f"jax_cache_dir={folder.root}/jax-cache" in plan.job(name).rendered.argv
+    assert len(changes) == 7 and any(line.startswith("vm: this machine's CPU") for line in changes)
 
 
 def test_a_users_edit_to_the_jobs_is_what_the_demo_runs(folder, tmp_path):

@@ -84,6 +84,19 @@ def test_autostop_waits_for_the_idle_time_and_tries_a_failed_shutdown_again(tmp_
     assert shutdown["exit_code"] == 0 and shutdown["at"] >= started + 0.6  # an idle time, then another one
 
 
+def test_a_job_a_health_rule_stopped_ends_the_pipeline_stopped_and_autostop_shuts_the_vm_down(tmp_path):
+    """Nothing more to pay for: its dependants are not started, and the VM stops after its idle time."""
+    marker = tmp_path / "shut-down"
+    stops = f"exit {jobrunner.STOPPED_EXIT}"
+    the_plan = plan(tmp_path, [("train", stops, []), ("export", "true", ["train"])],
+                    autostop={"idle_seconds": 0.1, "command": ["touch", str(marker)]})  # fmt: skip
+    items = drive(tmp_path, the_plan)
+    assert items[-1]["event"] == "finished" and items[-1]["state"] == "stopped"
+    assert [i["job"] for i in items if i.get("event") == "blocked"] == ["export"]
+    wait_for(marker.exists, 60, "autostop's shutdown")
+    assert driver.info(Layout(str(tmp_path / "state")))["state"] == "stopped"
+
+
 def test_a_fab_command_in_the_idle_time_puts_autostop_off(tmp_path):
     layout = Layout(str(tmp_path / "state"))
     os.makedirs(layout.pipeline)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -109,7 +110,9 @@ def test_the_startup_script_and_its_log(home: Path):
     request = {"startup": {"marker": str(marker), "failure_record": str(failed)}}
     log.write_bytes(b"one\ntwo\n")
     with_log = {**request, "log": {"path": str(log), "offset": 4}}
-    assert ask(home, with_log) == {"secrets": {}, "startup": "startup running", "log": {"text": "two\n", "end": 8}}
+    found = ask(home, with_log)
+    assert found.pop("booted") == pytest.approx(time.time() - float(Path("/proc/uptime").read_text().split()[0]), abs=2)
+    assert found == {"secrets": {}, "startup": "startup running", "log": {"text": "two\n", "end": 8}}
     failed.write_text('{"step": "system packages",\n "exit_code": 100}\n')
     assert ask(home, request)["startup"] == 'startup failed {"step": "system packages", "exit_code": 100}'
     log.write_bytes(b"x" * 3 * LOG_CHUNK + b"\nE: the last line\n")  # a failed script's log: its end, not all of it

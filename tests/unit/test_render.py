@@ -1,5 +1,6 @@
 """The shipped jobs render to the reference workload's commands, corrected (workload.md 3 and 4)."""
 
+import json
 import os
 import re
 import shlex
@@ -128,6 +129,21 @@ def test_train_environment(jobs):
         "TPU_RL_CHECKPOINT_DIR": f"{run_dir}/checkpoints/actor",
         "TPU_RL_EVALS_DIR": f"{run_dir}/evals",  # and each eval, which the publish gate judges the run by
         "WANDB_MODE": "disabled",  # tunix logs to W&B whenever wandb imports: off unless results.wandb
+        "TPU_RL_EVAL_SAMPLE_BATCHES": "4",  # the evals during training on a sample (before and after: whole)
+        # the health rules as pipeline.yaml's defaults give them (tests/unit/test_health.py: what each does)
+        "TPU_RL_HEALTH": json.dumps(
+            {
+                "agreement": False,
+                "agreement_stop": 1.5,
+                "agreement_warn": 1.05,
+                "kl_max": 1.0,
+                "length_steps": 10,
+                "max_tokens": 768,
+                "reward_floor_steps": 20,
+                "smoke": True,
+                "smoke_right": 1,
+            }
+        ),  # fmt: skip
     }
 
 

@@ -33,6 +33,12 @@ def _seed(prompts) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+def _sample(rng, probs):
+    """One token from `probs`; from weights gone NaN (a diverged run), token 0, as a served model samples on where
+    nothing crashes, and the trainer's loss says it."""
+    return rng.choice(len(probs), p=probs / probs.sum()) if np.isfinite(probs).all() and probs.sum() > 0 else 0
+
+
 class MaxTextVllmRollout(base_rollout.BaseRollout):
     """The name train_rl imports; the engine is a greedy or temperature sampler in JAX."""
 
@@ -68,7 +74,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
             if temperature > 0:
                 scaled = log_probs / temperature
                 probs = np.exp(scaled - np.logaddexp.reduce(scaled, axis=-1, keepdims=True))
-                chosen = np.array([rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int32)
+                chosen = np.array([_sample(rng, p) for p in probs], dtype=np.int32)
             else:
                 chosen = log_probs.argmax(axis=-1).astype(np.int32)
             chosen = np.where(finished, pad, chosen)
