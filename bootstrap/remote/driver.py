@@ -198,10 +198,11 @@ class Driver:
         self.save(state=outcome.value, since=time.time())
         self.emit({"event": "finished", "state": outcome.value, "failed": self.graph.failed})
         notify.start(self.layout, {"kind": "finished", "state": outcome.value, "failed": self.graph.failed})
-        if outcome is PipelineState.DONE and (why := only_on_the_vm(self.plan)):
+        ends = (PipelineState.DONE, PipelineState.STOPPED)  # stopped: its kept checkpoint must outlive the VM too
+        if outcome in ends and (why := only_on_the_vm(self.plan)):
             self.save(autostop_idle=None, autostop_why=why)  # never revived to wait either
             self.emit({"event": "autostop-off", "why": why})
-        elif outcome in (PipelineState.DONE, PipelineState.STOPPED):  # stopped: nothing more to pay for either
+        elif outcome in ends:  # stopped: nothing more to pay for either
             self.autostop()
         return 0 if outcome is PipelineState.DONE else 1
 
