@@ -14,7 +14,7 @@ train's launcher (maxtext_run.py) installs these hooks into tunix and MaxText be
 
 A rule that fires raises Stopped (a BaseException: no library's `except Exception` swallows it); the launcher then
 writes the stop record beside the run's start records (in the bucket with results.gcs: a lost VM keeps it), says it in
-one line and exits STOPPED_EXIT. A later start of the same run reads the record and stops at once, unless fab train
+one line and exits jobrunner.STOPPED_EXIT. A later start of the same run reads the record and stops at once, unless fab train
 --go-on set GO_ON. Standard library only (tunix and MaxText are imported where the hooks need them).
 """
 
@@ -38,8 +38,6 @@ except ImportError:
     import jobrunner
 
 RULES_ENV = "TPU_RL_HEALTH"  # the rules, JSON, from jobs/pipeline.yaml's health (fab renders it into train's env)
-GO_ON_ENV = jobrunner.GO_ON_ENV  # fab train --go-on: carry a stopped run on, its stop record cleared
-STOPPED_EXIT = jobrunner.STOPPED_EXIT  # train's exit code when a rule stopped it: the job is stopped, not failed
 FOLDER = "health"  # beside the run's start records: stopped.json
 AGREEMENT = "token_mult_prob_error"
 REPEATED_SHARE = 0.8  # an answer this much of one token (a word, or a character) is a loop, not text
@@ -78,16 +76,19 @@ def _read_file(path: str) -> bytes | None:
 
 
 def write_record(path: str, stop: Stopped, committed: int | None) -> None:
-    data = json.dumps({"rule": stop.rule, "step": stop.step, "why": stop.why, "at": time.time(),
-                       "committed_step": committed}).encode()  # fmt: skip
+    _write(
+        path, {"rule": stop.rule, "step": stop.step, "why": stop.why, "at": time.time(), "committed_step": committed}
+    )
+
+
+def _write(path: str, record: dict) -> None:
+    """The record in the bucket, or on the VM whole or not at all (a kill mid-write leaves the last one)."""
     if gcs.is_gcs(path):
-        gcs.write(path, data)
+        gcs.write(path, json.dumps(record).encode())
         return
     path = os.path.expanduser(path)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(f"{path}.tmp", "wb") as f:
-        f.write(data)
-    os.replace(f"{path}.tmp", path)
+    jobrunner.write_json(path, record)
 
 
 def stopped(path: str) -> dict | None:
@@ -98,12 +99,7 @@ def stopped(path: str) -> dict | None:
 
 def clear(path: str, found: dict) -> None:
     """fab train --go-on: the record stays (what stopped the run stays said), marked cleared."""
-    data = json.dumps({**found, "cleared_at": time.time()}).encode()
-    if gcs.is_gcs(path):
-        gcs.write(path, data)
-        return
-    with open(os.path.expanduser(path), "wb") as f:
-        f.write(data)
+    _write(path, {**found, "cleared_at": time.time()})
 
 
 @dataclasses.dataclass
@@ -243,12 +239,18 @@ def _repeated(text: str) -> bool:
     return len(squeezed) >= 16 and collections.Counter(squeezed).most_common(1)[0][1] >= REPEATED_SHARE * len(squeezed)
 
 
-def rules_from(environ: dict[str, str]) -> Rules | None:
+def rules_from(environ: dict[str, str], carried_on: dict | None = None) -> Rules | None:
+    """This start's rules (None: train keeps none). Carried on past a smoke stop (`carried_on`: the stop record
+    fab train --go-on carries on from), the smoke rollout is off: the user saw its answers and chose to go on, and
+    the same eval would stop the run again."""
     text = environ.get(RULES_ENV)
     if not text:
         return None
     found = json.loads(text)
-    return Rules(**{key: value for key, value in found.items() if key in Rules.__dataclass_fields__})
+    rules = Rules(**{key: value for key, value in found.items() if key in Rules.__dataclass_fields__})
+    if carried_on and str(carried_on.get("rule")).startswith("smoke"):
+        rules.smoke = False
+    return rules
 
 
 def say(line: str) -> None:

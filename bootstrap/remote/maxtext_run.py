@@ -83,14 +83,14 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"{sys.executable}: No module named {module}")
     environ = dict(os.environ)
     stop_record = health.record_path(environ)
-    still_stopped(stop_record)
+    carried_on = still_stopped(stop_record)
     fetch_task_data()
     attempts.record_start(environ)
     recorder = attempts.EvalRecorder.install(environ)
     wandb_run.prepare(run_id=_run_identity())
     steady_grader_pool()
     hooks = None
-    if (rules := health.rules_from(environ)) is not None:  # after the grader pool's module is loaded as it needs
+    if (rules := health.rules_from(environ, carried_on)) is not None:  # after the grader pool's module is loaded
         hooks = health_hooks.install(rules)
         if recorder is not None:
             recorder.listeners.append(hooks.evaluated)
@@ -123,21 +123,26 @@ def _said_agreement(hooks) -> None:
         health.say(line)
 
 
-def still_stopped(record: str | None) -> None:
+def still_stopped(record: str | None) -> dict | None:
     """A run a health rule stopped stays stopped: its next start ends at once, saying why, unless fab train --go-on
-    asked to carry it on (the record then kept, marked cleared)."""
+    asked to carry it on (the record then kept, marked cleared). The stop it carries on from, if any: each start
+    of a --go-on, a restart's too, so that a smoke stop is not met again before the first step."""
+    if os.environ.get(jobrunner.GO_ON_ENV):
+        found = health.read_record(record) if record else None
+        if found and not found.get("cleared_at"):
+            health.clear(record, found)
+            health.say(
+                f"[tpu-rl] health: carrying on despite the stop at step {found.get('step')} ({found.get('why')})"
+            )
+        return found
     found = health.stopped(record) if record else None
     if found is None:
-        return
-    if os.environ.get(health.GO_ON_ENV):
-        health.clear(record, found)
-        health.say(f"[tpu-rl] health: carrying on despite the stop at step {found.get('step')} ({found.get('why')})")
-        return
+        return None
     health.say(
         f"[tpu-rl] health: stopped at step {found.get('step')}: {found.get('why')} (still: fab train --go-on carries "
         "this run on, --new-run starts another)"
     )
-    raise SystemExit(health.STOPPED_EXIT)
+    raise SystemExit(jobrunner.STOPPED_EXIT)
 
 
 def _stop(stop: health.Stopped, record: str | None) -> None:
@@ -153,7 +158,7 @@ def _stop(stop: health.Stopped, record: str | None) -> None:
         health.say(f"[tpu-rl] health: could not record the stop in {record}: {err}")
     kept = f"its last committed checkpoint: step {committed}" if committed is not None else "no checkpoint committed"
     health.say(f"[tpu-rl] health: stopped at step {stop.step}: {stop.why} ({kept})")
-    _exit_now(health.STOPPED_EXIT)
+    _exit_now(jobrunner.STOPPED_EXIT)
 
 
 def fetch_task_data() -> None:

@@ -105,8 +105,9 @@ def steady(timed: dict[int, float]) -> tuple[float | None, float]:
     median), plus the costs that come back every few steps (on the TPU host a grader worker started anew about
     every 5th or 6th step, 17 s, between 0.4 s steps): a step SPIKE times the base or more. The spikes recur at their
     usual spacing (the later spikes' median spacing); a first spike well before its next (compiling a new shape, a
-    first use) is warm-up, paid once a start; the rest are spread over the steps between them (one spike alone: over
-    the steps up to it). Without such costs, the later half's mean, and what the earlier half took beyond it as
+    first use) is warm-up, paid once a start, as is a spike alone that did not come back where its period would
+    have; the rest are spread over the steps between them (one spike alone, too few steps after it: over the steps
+    up to it). Without such costs, the later half's mean, and what the earlier half took beyond it as
     warm-up. None where no step was timed."""
     if not timed:
         return None, 0.0
@@ -120,6 +121,8 @@ def steady(timed: dict[int, float]) -> tuple[float | None, float]:
         while len(spikes) - len(once) > 1 and spikes[len(once) + 1] - spikes[len(once)] < EARLY * usual:
             once.append(spikes[len(once)])
         recurring = spikes[len(once) :]
+        if len(recurring) == 1 and steps[-1] >= 2 * recurring[0]:  # alone, where its period would have come again
+            return base, timed[recurring[0]] - base + sum(timed[n] - base for n in once)
         every = (recurring[-1] - recurring[0]) / (len(recurring) - 1) if len(recurring) > 1 else recurring[0]
         excess = [timed[n] - base for n in recurring]
         return base + sum(excess) / len(excess) / every, sum(timed[n] - base for n in once)

@@ -479,6 +479,12 @@ def test_a_cost_that_comes_back_every_few_steps_is_in_the_step_rate_and_the_firs
     assert split["warmup_s"] + 199 * split["step_s"] == pytest.approx(took, rel=0.02)
     short = probe(10)  # steps 3 to 10 timed: the warm-up and two 17 s steps
     assert short["step_s"] == pytest.approx(split["step_s"], abs=1e-3) and short["warmup_s"] == split["warmup_s"]
+    # the TPU host's later restarts came every 5th, then every 6th step: spread by their spacing, not a divisor
+    drifting = {n: 17.0 if n in (5, 10, 15, 21, 27, 33, 39) else 0.4 for n in range(3, 42)}
+    rate, warmup = timing.steady(drifting)
+    assert rate * len(drifting) + warmup == pytest.approx(sum(drifting.values()), rel=0.05)
+    once = {n: 17.4 if n == 4 else 0.4 for n in range(3, 53)}  # one first use, never again in 50 steps: warm-up
+    assert timing.steady(once) == (pytest.approx(0.4), pytest.approx(17.0))
 
 
 def test_a_shared_job_an_earlier_run_made_is_done_already_not_the_first_builds_bound(runs):

@@ -184,7 +184,7 @@ def test_a_rule_that_fires_in_train_ends_it_stopped_its_record_names_the_last_co
         raise sys.modules["health"].Stopped("nan", 6, "actor/train/loss is nan at step 6")
     """
     result = launch(tmp_path, fired, **{attempts.CHECKPOINTS_ENV: str(actor)})
-    assert result.returncode == health.STOPPED_EXIT, result.stderr
+    assert result.returncode == jobrunner.STOPPED_EXIT, result.stderr
     assert "[tpu-rl] health: stopped at step 6: actor/train/loss is nan at step 6 (its last committed checkpoint: " \
            "step 4)" in result.stderr  # fmt: skip
     record = json.loads((tmp_path / "run" / "health" / "stopped.json").read_text())
@@ -196,12 +196,30 @@ def test_a_stopped_run_started_again_stays_stopped_until_go_on(tmp_path):
     health.write_record(path, health.Stopped("kl_max", 9, "the KL is 3 at step 9"), 8)
     trains = "print('trained')\n"
     again = launch(tmp_path, trains)
-    assert again.returncode == health.STOPPED_EXIT and "trained" not in again.stdout
+    assert again.returncode == jobrunner.STOPPED_EXIT and "trained" not in again.stdout
     assert "stopped at step 9: the KL is 3 at step 9 (still: fab train --go-on carries this run on" in again.stderr
-    carried = launch(tmp_path, trains, **{health.GO_ON_ENV: "1"})
+    carried = launch(tmp_path, trains, **{jobrunner.GO_ON_ENV: "1"})
     assert carried.returncode == 0 and carried.stdout == "trained\n", carried.stderr
     assert "carrying on despite the stop at step 9" in carried.stderr
     assert launch(tmp_path, trains).returncode == 0  # cleared: the next start trains too
+
+
+def test_go_on_past_a_smoke_stop_turns_the_smoke_rollout_off_for_every_start_of_it(tmp_path, monkeypatch):
+    """The same eval before the first step would stop the run again: carried on, its starts (a restart's too, the
+    record cleared by then) skip the smoke rollout; every other rule stays, and a run stopped otherwise keeps it."""
+    from bootstrap.remote import maxtext_run
+
+    path = health.record_path({attempts.DIR_ENV: str(tmp_path / "run" / "attempts")})
+    health.write_record(path, health.Stopped("smoke_right", 0, "answered 0 of 64 right"), None)
+    environ = {health.RULES_ENV: json.dumps({"smoke": True, "kl_max": 2.0})}
+    assert health.rules_from(environ).smoke  # not carried on: the rule stands
+    monkeypatch.setenv(jobrunner.GO_ON_ENV, "1")
+    for _ in range(2):  # the --go-on start, then a restart of it
+        carried_on = maxtext_run.still_stopped(path)
+        rules = health.rules_from(environ, carried_on)
+        assert carried_on["rule"] == "smoke_right" and not rules.smoke and rules.kl_max == 2.0
+    nan = health.Stopped("nan", 7, "actor/train/loss is nan at step 7")
+    assert health.rules_from(environ, {"rule": nan.rule}).smoke
 
 
 def test_a_run_stopped_on_a_vm_it_then_lost_stays_stopped_on_the_next_from_the_bucket(tmp_path, gcs_emulator):
@@ -211,9 +229,9 @@ def test_a_run_stopped_on_a_vm_it_then_lost_stays_stopped_on_the_next_from_the_b
     bucket = {**gcsemulator.client_env(gcs_emulator), attempts.DIR_ENV: starts}
     fired = 'import sys\nraise sys.modules["health"].Stopped("length_steps", 12, "every completion empty")\n'
     first = launch(tmp_path / "vm-1", fired, **bucket)
-    assert first.returncode == health.STOPPED_EXIT, first.stderr
+    assert first.returncode == jobrunner.STOPPED_EXIT, first.stderr
     again = launch(tmp_path / "vm-2", "print('trained')\n", **bucket)
-    assert again.returncode == health.STOPPED_EXIT and "trained" not in again.stdout, again.stderr
+    assert again.returncode == jobrunner.STOPPED_EXIT and "trained" not in again.stdout, again.stderr
     assert "stopped at step 12: every completion empty (still: fab train --go-on" in again.stderr
 
 
