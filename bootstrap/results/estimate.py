@@ -79,23 +79,22 @@ class Estimate:
             "--watch recovers by itself)",
         ]
 
-    def _span(self, end: str) -> float:
-        """The pipeline's time: its longest chain of needs (setup beside prefetch, validate beside convert)."""
-        done: dict[str, float] = {}
+    def _begins(self, end: str) -> dict[str, tuple[float, float]]:
+        """Each stage's begin and end along the longest chain of its needs (setup beside prefetch, validate beside
+        convert), at the `end` of each stage's range."""
+        times: dict[str, tuple[float, float]] = {}
         for s in self.stages:  # in run order: what a stage needs comes before it
-            took = getattr(s, end) or 0.0
-            done[s.name] = max((done.get(n, 0.0) for n in s.needs), default=0.0) + took
-        return max(done.values(), default=0.0)
+            begins = max((times[n][1] for n in s.needs if n in times), default=0.0)
+            times[s.name] = (begins, begins + (getattr(s, end) or 0.0))
+        return times
+
+    def _span(self, end: str) -> float:
+        """The pipeline's time: its longest chain of needs."""
+        return max((ends for _, ends in self._begins(end).values()), default=0.0)
 
     def span_before(self, name: str, end: str) -> float:
         """When stage `name` can begin: the longest chain of what it needs."""
-        done: dict[str, float] = {}
-        for s in self.stages:
-            begins = max((done.get(n, 0.0) for n in s.needs), default=0.0)
-            if s.name == name:
-                return begins
-            done[s.name] = begins + (getattr(s, end) or 0.0)
-        return 0.0
+        return self._begins(end).get(name, (0.0, 0.0))[0]
 
     @property
     def low_s(self) -> float:
