@@ -419,12 +419,14 @@ def test_fab_metrics_says_where_the_paid_time_went_as_the_result_line_and_fab_ru
     jobs = [job for job in record["jobs"].values() if job.get("ran", True)]
     span = max(j["finished"] for j in jobs) - min(j["started"] for j in jobs)
     assert record["booted"] and not record["chips"]  # this machine's boot: no VM was made for the run, none paid
-    boot = 0.0
-    assert spent["paid_s"] == pytest.approx(span + boot + spent["badput_s"]["idle"], abs=1)
+    assert spent["paid_s"] == pytest.approx(span + spent["badput_s"]["idle"], abs=1)
     assert spent["productive_s"] == pytest.approx(STEPS * split["step_s"] - split["saves_s"], abs=0.5)
     assert spent["badput_s"]["evals"] > 0 and spent["badput_s"]["startup"] > 0 and spent["badput_s"]["setup"] >= 0
+    # fab train's own result line said it at the run's end; another test may run export again since (a later job
+    # is paid time too), so the figures of now are compared among themselves (test_goodput.py: the line = fab runs)
+    assert re.search(r"took .*, goodput \d+% \(estimated", " ".join(run["train"].stdout.split())), run["train"].stdout
     said = f"goodput {spent['share']:.0%}"
-    assert said in " ".join(run["train"].stdout.split()) and said in metrics_out(cpu_fab, run)
+    assert said in metrics_out(cpu_fab, run)
     listed = json.loads(cpu_fab("runs", "--json").stdout)
     (row,) = [row for row in listed if row["run"] == run["run"]]
     assert row["goodput"] == spent and row["chip_hours"] == pytest.approx(spent["chip_hours"], abs=0.01)
