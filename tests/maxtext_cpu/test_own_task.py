@@ -34,6 +34,12 @@ from tests.webhook import Receiver
 TASKS_RELEASE = "0.2.5"  # MaxText's first release with reward hooks
 HOOK = "TPU_RL_TEST_HOOK"  # results.notify's receiver: told when a rule stops a run
 AGREEMENT = "sampler_trainer/train/token_mult_prob_error"
+# The control's weights never move (rehearsal.CONTROL_LEARNING_RATE rounds away), so its steps after the first two
+# would show nothing more: it stops at 2, a step that checkpoints, and saves the tier 6 steps' rollouts.
+CONTROL = ("vars.num_batches=2", "train.checkpoint_period=2")
+# The stopped runs' evals before training, on 16 problems instead of 64: enough for the smoke rollout to see a broken
+# model, and the loss goes NaN whatever the eval holds.
+SMALL_EVAL = "train.eval_batch_size=16"
 RESULT = re.compile(
     r"result: arithmetic correct ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)"
 )
@@ -79,8 +85,11 @@ def runs(cpu_host, tmp_path_factory, release: Release) -> Iterator[dict]:
             *rehearsal.TASK_LENGTHS,
         ]
         found = {"fab": fab, "receiver": receiver, "inputs": inputs}
-        for name, rate in (("learns", rehearsal.LEARNING_RATE), ("control", rehearsal.CONTROL_LEARNING_RATE)):
-            args = [word for s in [*settings, f"train.learning_rate={rate}"] for word in ("--arg", s)]
+        for name, rate, more in (
+            ("learns", rehearsal.LEARNING_RATE, ()),
+            ("control", rehearsal.CONTROL_LEARNING_RATE, CONTROL),
+        ):
+            args = [word for s in [*settings, f"train.learning_rate={rate}", *more] for word in ("--arg", s)]
             done = fab("train", "--run-name", name, *args, timeout=1800)
             assert done.returncode == 0, done.stdout[-5000:] + done.stderr
             found[name] = {"out": done.stdout, "args": args}
@@ -157,7 +166,7 @@ def test_a_model_broken_on_purpose_is_stopped_by_the_smoke_rollout_before_any_st
     broken = fab.tmp / "broken_model"
     script = HERE / "break_model.py"
     subprocess.run([release.venv / "bin" / "python", script, runs["inputs"] / "hf_model", broken], check=True)
-    args = [word for s in [*runs["settings"], f"convert.--hf_model_path={broken}"] for word in ("--arg", s)]
+    args = [word for s in [*runs["settings"], f"convert.--hf_model_path={broken}", SMALL_EVAL] for word in ("--arg", s)]
     done = fab("train", "--run-name", "broken", *args, timeout=1800)
     assert done.returncode == 2, done.stdout[-3000:]
     assert "train stopped on 127.0.0.1 by a health rule: [tpu-rl] health: stopped at step 0: the model's answers " \
@@ -170,7 +179,7 @@ def test_a_loss_gone_nan_is_stopped_its_checkpoint_kept_told_shown_and_not_forgo
     """A learning rate of 1e30: the KL rule stops it first (at step 2 here), so it is off for this run, and the loss
     or the reward gone NaN stops it a step later."""
     fab: Fab = runs["fab"]
-    settings = [*runs["settings"], "train.learning_rate=1e30", "train.checkpoint_period=1"]
+    settings = [*runs["settings"], "train.learning_rate=1e30", "train.checkpoint_period=1", SMALL_EVAL]
     args = [word for s in settings for word in ("--arg", s)]
     pipeline = fab.jobs / "pipeline.yaml"
     kept = pipeline.read_text()
