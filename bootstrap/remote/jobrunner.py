@@ -261,6 +261,8 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
     if result:
         state.update(finished=result["finished"], exit_code=result["exit_code"], error=result.get("error"))
     if done:
+        if not result:  # read between the runner's two last writes: verified, its verdict not yet written
+            state.update(finished=done.get("finished"), exit_code=0, error=None)
         missing = missing_outputs(spec.get("outputs", []))
         state.update(state=JobState.LOST if missing else JobState.DONE, outputs=done["outputs"], missing=missing)
         if not missing and (changed := broken_seals(done)):

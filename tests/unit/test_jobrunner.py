@@ -174,7 +174,8 @@ def test_a_job_done_for_inputs_that_changed_is_stale(tmp_path):
 
 
 def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch):
-    """Found under load: status read between the runner's two last writes said `failed` for a job that exited 0."""
+    """Found under load: status read between the runner's two last writes said `failed` for a job that exited 0;
+    and later `done` with no finish time (CI: goodput's sum of a run then failed on None)."""
     out = tmp_path / "out.txt"
     spec = {
         "name": "m",
@@ -188,11 +189,15 @@ def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch
 
     def spying_write(path, data):
         write(path, data)
-        seen.append(jobrunner.job_state(str(tmp_path))["state"])  # what a concurrent `status` would say now
+        seen.append(jobrunner.job_state(str(tmp_path)))  # what a concurrent `status` would say now
 
     monkeypatch.setattr(jobrunner, "write_json", spying_write)
     assert jobrunner._Job(str(tmp_path)).run() == 0
-    assert "failed" not in seen and seen[-1] == "done"
+    states = [state["state"] for state in seen]
+    assert "failed" not in states and states[-1] == "done" and states.count("done") == 2  # after each write
+    done = [state for state in seen if state["state"] == "done"]
+    assert all(isinstance(state["finished"], float) and state["exit_code"] == 0 for state in done)
+    assert done[0]["finished"] <= done[1]["finished"] and done[0]["started"] <= done[0]["finished"]
 
 
 def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_path):
