@@ -107,8 +107,9 @@ def test_a_fab_command_in_the_idle_time_puts_autostop_off(tmp_path):
     worker.record["since"] = came - 0.9  # almost idle long enough (it would stop at came + 0.1) ...
     driver.touch_seen(layout)  # ... when a fab command came: its mark is a file's mtime, a clock tick coarse
     worker.autostop()
-    shutdown = driver.read_json(os.path.join(layout.pipeline, driver.DRIVER))["shutdown"]
-    assert marker.exists() and shutdown["at"] >= came + 0.9  # a whole idle time after the command, not 0.1
+    record = driver.read_json(os.path.join(layout.pipeline, driver.DRIVER))
+    assert record["autostop_at"] >= came + 0.9  # its decision: a whole idle time after the command, not 0.1
+    assert marker.exists() and record["shutdown"]["at"] >= record["autostop_at"]
 
 
 def test_follow_touches_seen_and_stops_at_the_end(tmp_path):

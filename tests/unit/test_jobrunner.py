@@ -200,6 +200,19 @@ def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch
     assert done[0]["finished"] <= done[1]["finished"] and done[0]["started"] <= done[0]["finished"]
 
 
+def test_an_earlier_done_a_new_runner_adopts_lends_it_no_finish_time(tmp_path):
+    """A runner killed between its two last writes leaves `done` without a verdict; once its outputs are lost, a new
+    runner adopts the job: the old `done`'s time is no end of the new attempt (a record ending before its start
+    is refused as damaged)."""
+    out = tmp_path / "out.txt"
+    spec = {"name": "m", "argv": ["true"], "env": {}, "secrets": [], "outputs": [str(out)], "cwd": str(tmp_path)}
+    (tmp_path / jobrunner.SPEC).write_text(json.dumps(spec))
+    jobrunner.write_json(str(tmp_path / jobrunner.DONE), {"finished": 100.0, "outputs": [str(out)], "seals": {}})
+    jobrunner.write_json(str(tmp_path / jobrunner.RUNNER), {"pid": os.getpid(), "started": 200.0})
+    state = jobrunner.job_state(str(tmp_path))
+    assert state["state"] == "lost" and state["started"] == 200.0 and state.get("finished") is None
+
+
 def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_path):
     """What follow and tail send: the stored token is <redacted> wherever the chunks happen to end."""
     (tmp_path / "secrets").mkdir()
