@@ -370,9 +370,11 @@ class _Job:
             return -signal.SIGKILL  # the shell itself was killed: no code
 
     def adoptable(self) -> bool:
-        """Its process outlived a dead runner: still running, or ended with its exit code kept."""
+        """Its process outlived a dead runner: still running, or ended with its exit code kept and not yet verified
+        (a `done` without a verdict was verified: once its outputs are lost, the job runs again)."""
         process = read_json(self.path(PROCESS))
-        ended = os.path.exists(self.path(EXIT_CODE)) and not os.path.exists(self.path(RESULT))
+        judged = os.path.exists(self.path(RESULT)) or os.path.exists(self.path(DONE))
+        ended = os.path.exists(self.path(EXIT_CODE)) and not judged
         return bool(process) and (processes.alive(process) or ended)
 
     def run(self) -> int:

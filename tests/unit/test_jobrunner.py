@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap.paths import REPO
-from bootstrap.remote import joblog, jobrunner, preflight, processes
+from bootstrap.remote import faults, joblog, jobrunner, preflight, processes
+from tests.loopback import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "standin"))
 
@@ -211,6 +212,25 @@ def test_an_earlier_done_a_new_runner_adopts_lends_it_no_finish_time(tmp_path):
     jobrunner.write_json(str(tmp_path / jobrunner.RUNNER), {"pid": os.getpid(), "started": 200.0})
     state = jobrunner.job_state(str(tmp_path))
     assert state["state"] == "lost" and state["started"] == 200.0 and state.get("finished") is None
+
+
+def test_a_job_verified_then_lost_runs_again_whole_not_adopted(tmp_path):
+    """Its runner killed between its two last writes (done, no verdict), then its outputs wiped (a restart's
+    /dev/shm): the next launch runs the job again, not a re-attach to the old exit 0 that then fails verifying."""
+    out, runs = tmp_path / "out.txt", tmp_path / "runs.txt"
+    argv = ["sh", "-c", f"echo x >> {runs}; echo x > {out}"]
+    spec = {"name": "m", "argv": argv, "env": {}, "secrets": [], "outputs": [str(out)], "cwd": str(tmp_path)}
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / jobrunner.SPEC).write_text(json.dumps(spec))
+    runner = [sys.executable, str(REPO / "bootstrap" / "remote" / "jobrunner.py"), "run", str(job)]
+    killed = subprocess.run(runner, env={**os.environ, faults.ENV: "run.wrote-done@1"}, cwd=REPO)
+    assert killed.returncode == -9 and (job / jobrunner.DONE).exists() and not (job / jobrunner.RESULT).exists()
+    out.unlink()
+    assert jobrunner.job_state(str(job))["state"] == "lost"
+    jobrunner.launch(str(job), json.dumps(spec))
+    wait_for(lambda: jobrunner.job_state(str(job))["state"] != "running", 60, "the job to end")
+    assert jobrunner.job_state(str(job))["state"] == "done" and out.exists() and runs.read_text() == "x\nx\n"
 
 
 def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_path):
