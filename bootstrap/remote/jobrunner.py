@@ -463,13 +463,14 @@ FORGOTTEN = (
 def launch(job_dir: str, spec_text: str) -> dict:
     """Start the job detached and return its state once its runner has recorded it.
 
-    A job already running is left alone; a job whose runner died but whose process
-    lives gets a new runner that adopts it. Raises RuntimeError when the runner did not start.
+    A job whose runner lives (it may be writing its verdict as the driver decided) or that is done by now is left
+    alone: a second attempt would remake verified outputs. A job whose runner died but whose process lives gets a
+    new runner that adopts it. Raises RuntimeError when the runner did not start.
     """
     os.makedirs(job_dir, mode=0o700, exist_ok=True)
     state = job_state(job_dir)
     runner = read_json(os.path.join(job_dir, RUNNER))
-    if state["state"] == JobState.RUNNING.value and processes.alive(runner):
+    if processes.alive(runner) or state["state"] == JobState.DONE.value:
         return state
     if state["state"] != JobState.RUNNING.value and not _Job(job_dir).adoptable():
         # A fresh attempt: forget the old verdict, its exit code and process first (a launch stopped midway

@@ -233,6 +233,27 @@ def test_a_job_verified_then_lost_runs_again_whole_not_adopted(tmp_path):
     assert jobrunner.job_state(str(job))["state"] == "done" and out.exists() and runs.read_text() == "x\nx\n"
 
 
+def test_a_launch_that_finds_the_job_done_or_its_runner_alive_starts_nothing(tmp_path):
+    """The driver decided while the job ran; by its launch the runner has written `done` (its verdict next), or
+    all: the verified output is never made again, beside the runner or after it."""
+    out, runs = tmp_path / "out.txt", tmp_path / "runs.txt"
+    argv = ["sh", "-c", f"echo x >> {runs}; echo new > {out}"]
+    spec = {"name": "m", "argv": argv, "env": {}, "secrets": [], "outputs": [str(out)], "cwd": str(tmp_path)}
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / jobrunner.SPEC).write_text(json.dumps(spec))
+    out.write_text("verified\n")
+    jobrunner.write_json(str(job / jobrunner.PROCESS), {"pid": 1, "start": -1})  # its shell: ended
+    (job / jobrunner.EXIT_CODE).write_text("0\n")
+    jobrunner.write_json(str(job / jobrunner.DONE), {"finished": time.time(), "outputs": [str(out)], "seals": {}})
+    jobrunner.write_json(str(job / jobrunner.RUNNER), {**processes.identity(os.getpid()), "started": time.time()})
+    assert jobrunner.launch(str(job), json.dumps(spec))["state"] == "done"  # its runner alive, no verdict yet
+    jobrunner.write_json(str(job / jobrunner.RESULT), {"exit_code": 0, "finished": time.time(), "error": None})
+    (job / jobrunner.RUNNER).unlink()  # its runner gone: done, all written
+    assert jobrunner.launch(str(job), json.dumps(spec))["state"] == "done"
+    assert out.read_text() == "verified\n" and not runs.exists() and (job / jobrunner.DONE).exists()
+
+
 def test_the_vm_redacts_the_secrets_it_holds_at_every_split_of_the_stream(tmp_path):
     """What follow and tail send: the stored token is <redacted> wherever the chunks happen to end."""
     (tmp_path / "secrets").mkdir()
