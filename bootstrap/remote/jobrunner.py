@@ -261,10 +261,8 @@ def job_state(job_dir: str, planned: dict | None = None) -> dict:
     if result:
         state.update(finished=result["finished"], exit_code=result["exit_code"], error=result.get("error"))
     if done:
-        # read between its runner's two last writes (verified, no verdict yet), not an earlier `done` a runner adopts
-        finished = done.get("finished") or 0
-        if not result and finished >= (state.get("started") or 0):
-            state.update(finished=finished, exit_code=0, error=None)
+        if not result:  # read between its runner's two last writes: verified, no verdict yet (never adopted)
+            state.update(finished=done["finished"], exit_code=0, error=None)
         missing = missing_outputs(spec.get("outputs", []))
         state.update(state=JobState.LOST if missing else JobState.DONE, outputs=done["outputs"], missing=missing)
         if not missing and (changed := broken_seals(done)):

@@ -201,28 +201,22 @@ def test_a_reader_never_sees_a_successful_job_without_done(tmp_path, monkeypatch
     assert done[0]["finished"] <= done[1]["finished"] and done[0]["started"] <= done[0]["finished"]
 
 
-def test_an_earlier_done_a_new_runner_adopts_lends_it_no_finish_time(tmp_path):
-    """A runner killed between its two last writes leaves `done` without a verdict; once its outputs are lost, a new
-    runner adopts the job: the old `done`'s time is no end of the new attempt (a record ending before its start
-    is refused as damaged)."""
-    out = tmp_path / "out.txt"
-    spec = {"name": "m", "argv": ["true"], "env": {}, "secrets": [], "outputs": [str(out)], "cwd": str(tmp_path)}
-    (tmp_path / jobrunner.SPEC).write_text(json.dumps(spec))
-    jobrunner.write_json(str(tmp_path / jobrunner.DONE), {"finished": 100.0, "outputs": [str(out)], "seals": {}})
-    jobrunner.write_json(str(tmp_path / jobrunner.RUNNER), {"pid": os.getpid(), "started": 200.0})
-    state = jobrunner.job_state(str(tmp_path))
-    assert state["state"] == "lost" and state["started"] == 200.0 and state.get("finished") is None
-
-
-def test_a_job_verified_then_lost_runs_again_whole_not_adopted(tmp_path):
-    """Its runner killed between its two last writes (done, no verdict), then its outputs wiped (a restart's
-    /dev/shm): the next launch runs the job again, not a re-attach to the old exit 0 that then fails verifying."""
+def counted_job(tmp_path, writes: str) -> tuple[Path, dict, Path, Path]:
+    """A job whose command counts its runs and writes `writes` into its one output: its folder, spec, output, count."""
     out, runs = tmp_path / "out.txt", tmp_path / "runs.txt"
-    argv = ["sh", "-c", f"echo x >> {runs}; echo x > {out}"]
+    argv = ["sh", "-c", f"echo x >> {runs}; echo {writes} > {out}"]
     spec = {"name": "m", "argv": argv, "env": {}, "secrets": [], "outputs": [str(out)], "cwd": str(tmp_path)}
     job = tmp_path / "job"
     job.mkdir()
     (job / jobrunner.SPEC).write_text(json.dumps(spec))
+    return job, spec, out, runs
+
+
+def test_a_job_verified_then_lost_runs_again_whole_not_adopted(tmp_path):
+    """Its runner killed between its two last writes (done, no verdict), then its outputs wiped (a restart's
+    /dev/shm): the next launch runs the job again, not a re-attach to the old exit 0 that then fails verifying, and
+    the new attempt's times are its own (the old `done`'s would end it before its start: a damaged record)."""
+    job, spec, out, runs = counted_job(tmp_path, "x")
     runner = [sys.executable, str(REPO / "bootstrap" / "remote" / "jobrunner.py"), "run", str(job)]
     killed = subprocess.run(runner, env={**os.environ, faults.ENV: "run.wrote-done@1"}, cwd=REPO)
     assert killed.returncode == -9 and (job / jobrunner.DONE).exists() and not (job / jobrunner.RESULT).exists()
@@ -230,18 +224,15 @@ def test_a_job_verified_then_lost_runs_again_whole_not_adopted(tmp_path):
     assert jobrunner.job_state(str(job))["state"] == "lost"
     jobrunner.launch(str(job), json.dumps(spec))
     wait_for(lambda: jobrunner.job_state(str(job))["state"] != "running", 60, "the job to end")
-    assert jobrunner.job_state(str(job))["state"] == "done" and out.exists() and runs.read_text() == "x\nx\n"
+    state = jobrunner.job_state(str(job))
+    assert state["state"] == "done" and out.exists() and runs.read_text() == "x\nx\n"
+    assert state["started"] <= state["finished"]
 
 
 def test_a_launch_that_finds_the_job_done_or_its_runner_alive_starts_nothing(tmp_path):
     """The driver decided while the job ran; by its launch the runner has written `done` (its verdict next), or
     all: the verified output is never made again, beside the runner or after it."""
-    out, runs = tmp_path / "out.txt", tmp_path / "runs.txt"
-    argv = ["sh", "-c", f"echo x >> {runs}; echo new > {out}"]
-    spec = {"name": "m", "argv": argv, "env": {}, "secrets": [], "outputs": [str(out)], "cwd": str(tmp_path)}
-    job = tmp_path / "job"
-    job.mkdir()
-    (job / jobrunner.SPEC).write_text(json.dumps(spec))
+    job, spec, out, runs = counted_job(tmp_path, "new")
     out.write_text("verified\n")
     jobrunner.write_json(str(job / jobrunner.PROCESS), {"pid": 1, "start": -1})  # its shell: ended
     (job / jobrunner.EXIT_CODE).write_text("0\n")
