@@ -412,6 +412,7 @@ def test_fab_metrics_says_where_the_paid_time_went_as_the_result_line_and_fab_ru
     """The kept steps and each cause add up to the time paid: this run's jobs from the first to the last; the steps
     are train's own (its log's steady rate, its saves left out), the evals and start-up are there, and the result
     line, summary.json and fab runs give the same goodput."""
+    said = metrics_out(cpu_fab, run)  # first: the summary.json read below is this call's (its idle time grows)
     summary = json.loads((cpu_fab.tmp / "runs" / run["run"] / "summary.json").read_text())
     record = json.loads((cpu_fab.tmp / "runs" / run["run"] / "record.json").read_text())
     spent, split = summary["goodput"], record["timing"]
@@ -425,8 +426,7 @@ def test_fab_metrics_says_where_the_paid_time_went_as_the_result_line_and_fab_ru
     # fab train's own result line said it at the run's end; another test may run export again since (a later job
     # is paid time too), so the figures of now are compared among themselves (test_goodput.py: the line = fab runs)
     assert re.search(r"took .*, goodput \d+% \(estimated", " ".join(run["train"].stdout.split())), run["train"].stdout
-    said = f"goodput {spent['share']:.0%}"
-    assert said in metrics_out(cpu_fab, run)
+    assert f"goodput {spent['share']:.0%}" in said
     listed = json.loads(cpu_fab("runs", "--json").stdout)
     (row,) = [row for row in listed if row["run"] == run["run"]]
     assert row["goodput"] == spent and row["chip_hours"] == pytest.approx(spent["chip_hours"], abs=0.01)
