@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import csv
 import fcntl
+import json
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.demo import cpu
+from bootstrap.remote import attempts
 from tests import gcsemulator, hubstub
 from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
 
@@ -129,10 +133,39 @@ def cpu_fab_at(host, tmp: Path, release: Release = DEFAULT) -> Iterator[Fab]:
         server.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cpu_fab(cpu_host, tmp_path_factory, release: Release) -> Iterator[Fab]:
     with cpu_fab_at(cpu_host, tmp_path_factory.mktemp(f"cpu-{release.version}"), release) as fab:
         yield fab
+
+
+REWARD = "rewards/train/score/mean"
+WANDB_PROJECT = "tpu-rl-cpu-tier"
+
+
+def run_identity(fab: Fab, run: str) -> str:
+    """The run's identity in the trackers, from its first start's record (as fab metrics copied the records)."""
+    return attempts.run_identity([path.name for path in (fab.tmp / "runs" / run / "attempts").glob("*.json")])
+
+
+def assert_logged_to_wandb_offline(fab: Fab, run: str, release: Release, why: str) -> dict[int, float]:
+    """W&B's own run file of `run`, written offline on the "VM", holds the reward series `fab metrics` wrote
+    (tunix logs a rollout's metrics one step early: metrics.py) under the run's name, its id the run's identity;
+    train's log says `why` it went offline. The reward of each step logged."""
+    train_log = (fab.job_dir(run, "train") / "log").read_text(errors="replace")
+    assert f"[tpu-rl] W&B: {why}: logging offline in" in train_log, train_log[-3000:]
+    (path,) = list((fab.tmp / "state" / "runs" / run / "wandb").rglob("run-*.wandb"))
+    read = subprocess.run(
+        [release.venv / "bin" / "python", HERE / "wandb_file.py", path], capture_output=True, text=True, check=True
+    )
+    found = json.loads(read.stdout)
+    assert found["runs"] == [{"id": run_identity(fab, run), "name": run, "project": WANDB_PROJECT}]
+    with (fab.tmp / "runs" / run / "metrics.csv").open() as f:
+        shown = {int(row["step"]): float(row[REWARD]) for row in csv.DictReader(f) if row[REWARD]}
+    logged = {row["_step"] + 1: row[REWARD] for row in found["history"] if REWARD in row}
+    assert shown and logged.keys() == shown.keys()
+    assert all(logged[step] == pytest.approx(shown[step], rel=1e-6) for step in shown), (logged, shown)
+    return logged
 
 
 __all__ = ["REPO", "Release", "overrides"]

@@ -23,8 +23,17 @@ from bootstrap.remote import gcs, jobrunner
 from bootstrap.remote.graph import PipelineState
 from bootstrap.results import timing
 from tests import gcsemulator
-from tests.loopback import Fab, wait_for
-from tests.maxtext_cpu.conftest import HERE, RELEASES, Release, cpu_fab_at, overrides, set_up
+from tests.loopback import Fab, edit_yaml, wait_for
+from tests.maxtext_cpu.conftest import (
+    HERE,
+    RELEASES,
+    WANDB_PROJECT,
+    Release,
+    assert_logged_to_wandb_offline,
+    cpu_fab_at,
+    overrides,
+    set_up,
+)
 from tests.stack import INSTANCE, Stack, lose, wipe
 
 STEPS, LOST_AFTER = 4, 2
@@ -86,12 +95,15 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
         recovered = stack("train", *args, "--recover", timeout=1800)  # as the one-line error says: no --run-name
         assert recovered.returncode == 0, recovered.stdout[-5000:] + recovered.stderr
         resumed_log = (fab.job_dir("r1", "train") / "log").read_text(errors="replace")
-        whole = stack("train", "--run-name", "whole", *args, timeout=1800)  # the same run, never lost
+        # the same run, never lost, with W&B on and no key anywhere (the README's offline path)
+        edit_yaml(fab.jobs / "pipeline.yaml", lambda data: data["results"].update(wandb=WANDB_PROJECT))
+        whole = stack("train", "--run-name", "whole", *args, timeout=1800)
         assert whole.returncode == 0, whole.stdout[-5000:] + whole.stderr
         yield {
             "fab": fab,
             "gcs_url": gcs_emulator,
             "stack": stack,
+            "release": release,
             "venv": release.venv,
             "args": args,
             "inputs": inputs,
@@ -221,9 +233,21 @@ def test_fab_metrics_reads_the_events_from_the_bucket(recovery: dict):
 
 
 def test_wandb_off_wrote_nothing_though_installed(recovery: dict):
-    """results.wandb off (wandb is in the CPU environment all the same, and tunix logs to it whenever it imports):
-    train's W&B run was disabled and wrote no file; nothing left the VM for a third party."""
+    """results.wandb off for r1 (wandb is in the CPU environment all the same, and tunix logs to it whenever it
+    imports): train's W&B run was disabled and wrote no file; nothing left the VM for a third party."""
     fab: Fab = recovery["fab"]
     assert "W&B run URL: None" in recovery["log"]  # tunix's own line: wandb imported, its run disabled
     assert not re.search(r"^wandb: .*(Syncing|saved locally|Tracking run)", recovery["log"], re.M)
-    assert not list((fab.tmp / "state").rglob("*.wandb"))
+    state = fab.tmp / "state"
+    assert [path for path in state.rglob("*.wandb") if not path.is_relative_to(state / "runs" / "whole")] == []
+
+
+def test_wandb_with_no_key_anywhere_logged_the_run_offline(recovery: dict):
+    """The never-lost run had results.wandb set and no key where fab ran: it logged offline, as the README says, the
+    reward series fab metrics shows."""
+    shown = recovery["stack"]("metrics", "--run-name", "whole", *recovery["args"])
+    assert shown.returncode == 0, shown.stderr
+    logged = assert_logged_to_wandb_offline(
+        recovery["fab"], "whole", recovery["release"], "no WANDB_API_KEY was set where fab ran"
+    )
+    assert len(logged) == STEPS

@@ -1,20 +1,18 @@
-"""The real pipeline, end to end, through fab, for each release in conftest.RELEASES: real `fab setup` of
+"""The real pipeline, end to end, through fab, on the newest release in conftest.RELEASES: real `fab setup` of
 that maxtext from PyPI, then the real to_maxtext, train_rl (only vLLM replaced by a CPU sampler, shim/) and
-to_huggingface on a tiny model.
+to_huggingface on a tiny model. (The shipped release's pipeline runs end to end in test_real_loss and test_demo; what
+differs between the releases here, the learning-rate schedule, is test_schedule's.)
 
 The tiny model earns real rewards (make_inputs.py), so these prove the outcome, not only the mechanics:
 GRPO had a learning signal, the learning rate of every update was the one `fab plan` showed (and the one
 MaxText's own optimizer builds), the weights moved, and the export is the final checkpoint.
-The tests share one run per release (module fixture) and run in file order: the last ones change it.
+The tests share one run (module fixture) and run in file order: the last ones change it.
 """
 
 from __future__ import annotations
 
-import copy
 import csv
-import dataclasses
 import json
-import os
 import re
 import select
 import shutil
@@ -27,19 +25,26 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.demo import MAKE_INPUTS, SHIM, cpu
-from bootstrap.jobs import load, tracking
-from bootstrap.jobs.plan import build
+from bootstrap.demo import MAKE_INPUTS, cpu
+from bootstrap.jobs import tracking
 from bootstrap.jobs.schedule import Schedule
-from bootstrap.paths import REPO
 from bootstrap.remote import attempts, evals
 from tests import mlflowserver
 from tests.loopback import Fab, edit_yaml
-from tests.maxtext_cpu.conftest import HERE, Release, overrides, set_up
+from tests.maxtext_cpu.conftest import (
+    HERE,
+    RELEASES,
+    REWARD,
+    WANDB_PROJECT,
+    Release,
+    assert_logged_to_wandb_offline,
+    overrides,
+    run_identity,
+    set_up,
+)
 
 STEPS = 4
-WANDB_RELEASE = "0.2.5"  # the release whose run has a W&B key (the other's has none, as the README's offline path)
-WANDB_PROJECT = "tpu-rl-cpu-tier"
+NEWEST = "0.2.5"  # the newest release in RELEASES; the shipped one's pipeline runs in test_real_loss and test_demo
 WANDB_KEY = "wandb-cpu-tier-" + "5" * 26
 UNREACHABLE = "http://127.0.0.1:9"  # W&B's server as the "VM" sees it: nothing listens there
 BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
@@ -49,31 +54,28 @@ def current_run(fab: Fab) -> str:
     return (fab.tmp / "state" / "current-run").read_text().strip()
 
 
+@pytest.fixture(scope="module", params=[NEWEST])
+def release(request) -> Release:
+    return RELEASES[request.param]
+
+
 @pytest.fixture(scope="module")
 def run(cpu_fab: Fab, release: Release, mlflow_server: str) -> Iterator[dict]:
-    """fab setup, the tiny inputs, then one fab train, tracked by a real MLflow server and by W&B: in WANDB_RELEASE's
-    run with its key set here and W&B out of reach from the "VM", in the other's with no key at all (both offline);
-    everything the tests below read."""
+    """fab setup, the tiny inputs, then one fab train, tracked by a real MLflow server and by W&B, with its key set
+    here and W&B out of reach from the "VM" (so offline); everything the tests below read."""
     set_up(cpu_fab, release)
     inputs = cpu_fab.tmp / "inputs"
     subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
     args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]
-    keyed = release.version == WANDB_RELEASE
+    args += ["--arg", f"train.env.WANDB_BASE_URL={UNREACHABLE}"]
     edit_yaml(
         cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(mlflow=mlflow_server, wandb=WANDB_PROJECT)
     )
-    if keyed:
-        cpu_fab.secrets[tracking.KEY] = WANDB_KEY
-        args += ["--arg", f"train.env.WANDB_BASE_URL={UNREACHABLE}"]
-    try:
-        train = cpu_fab("train", *args, timeout=1800)
-        assert train.returncode == 0, train.stdout[-5000:] + train.stderr
-        name = current_run(cpu_fab)
-        work = cpu_fab.tmp / "shm" / "llama3.1-8b-Instruct"
-        yield {"args": args, "inputs": inputs, "train": train, "run": name, "work": work, "keyed": keyed}
-    finally:  # the session's fab, as other modules expect it
-        edit_yaml(cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(mlflow="", wandb=""))
-        cpu_fab.secrets.clear()
+    cpu_fab.secrets[tracking.KEY] = WANDB_KEY
+    train = cpu_fab("train", *args, timeout=1800)
+    assert train.returncode == 0, train.stdout[-5000:] + train.stderr
+    work = cpu_fab.tmp / "shm" / "llama3.1-8b-Instruct"
+    yield {"args": args, "inputs": inputs, "train": train, "run": current_run(cpu_fab), "work": work}
 
 
 @pytest.fixture(scope="module")
@@ -106,18 +108,6 @@ def planned_schedule(cpu_fab: Fab, run: dict) -> Schedule:
     (train,) = [job for job in json.loads(plan.stdout)["jobs"] if job["name"] == "train"]
     fields = {k: v for k, v in train["lr_schedule"].items() if k in Schedule.__dataclass_fields__}
     return Schedule(**fields)
-
-
-def shipped_jobs(release: Release) -> load.JobFiles:
-    """The shipped jobs/, with the release's maxtext in place of the one pipeline.yaml pins."""
-    files = load.read(REPO / "jobs")
-    pipeline = copy.deepcopy(files.pipeline)
-    packages = pipeline.data["environment"]["packages"]
-    pipeline.data["environment"]["packages"] = [
-        f"{package.partition('==')[0]}=={release.version}" if package.startswith("maxtext") else package
-        for package in packages
-    ]
-    return dataclasses.replace(files, pipeline=pipeline)
 
 
 def job_log(fab: Fab, run: dict, job: str) -> str:
@@ -185,51 +175,26 @@ def test_metrics_come_from_the_real_tensorboard_tags(cpu_fab: Fab, run: dict, me
     assert (folder / "evals.csv").read_text().count("\n") == 4  # header, before, step 2, after
 
 
-REWARD = "rewards/train/score/mean"
-
-
-def identity(fab: Fab, run: dict) -> str:
-    """The run's identity in the trackers, from its first start's record (as fab metrics copied the records)."""
-    return attempts.run_identity([path.name for path in (fab.tmp / "runs" / run["run"] / "attempts").glob("*.json")])
-
-
 def test_wandb_logged_the_runs_reward_series_offline_under_its_name_and_never_saw_its_key(
     cpu_fab: Fab, run: dict, metrics: list[dict], release: Release
 ):
-    """W&B's own run file holds the reward series fab metrics shows (tunix logs a rollout's metrics one step early:
-    metrics.py), under the run's name, its id the run's identity. With a key and W&B out of reach, the key is in no
-    output and no file but the VM's secrets folder; with no key at all (the README's offline path), it went offline
-    all the same."""
-    state = cpu_fab.tmp / "state"
-    (path,) = list((state / "runs" / run["run"] / "wandb").rglob("run-*.wandb"))
-    train_log = job_log(cpu_fab, run, "train")
-    why = (
-        "127.0.0.1:9 cannot be reached (Connection refused)"
-        if run["keyed"]
-        else "no WANDB_API_KEY was set where fab ran"
+    """With a key and W&B out of reach, train logged offline (the no-key path, the README's offline one: test_real_loss),
+    the series fab metrics shows; the key is in no output and no file but the VM's secrets folder."""
+    logged = assert_logged_to_wandb_offline(
+        cpu_fab, run["run"], release, "127.0.0.1:9 cannot be reached (Connection refused)"
     )
-    assert f"[tpu-rl] W&B: {why}: logging offline in" in train_log, train_log[-3000:]
-    read = subprocess.run(
-        [release.venv / "bin" / "python", HERE / "wandb_file.py", path], capture_output=True, text=True, check=True
-    )
-    found = json.loads(read.stdout)
-    assert found["runs"] == [{"id": identity(cpu_fab, run), "name": run["run"], "project": WANDB_PROJECT}]
-    logged = {row["_step"] + 1: row[REWARD] for row in found["history"] if REWARD in row}
-    shown = {int(row["step"]): float(row[REWARD]) for row in metrics if row[REWARD]}
-    assert len(shown) == STEPS and logged.keys() == shown.keys()
-    assert all(logged[step] == pytest.approx(shown[step], rel=1e-6) for step in shown), (logged, shown)
-    if run["keyed"]:
-        secret = WANDB_KEY.encode()
-        assert WANDB_KEY not in run["train"].stdout + run["train"].stderr
-        holding = [f for f in cpu_fab.tmp.rglob("*") if f.is_file() and not f.is_symlink() and secret in f.read_bytes()]
-        assert holding == [state / "secrets" / tracking.KEY]
+    assert len(logged) == STEPS
+    secret, state = WANDB_KEY.encode(), cpu_fab.tmp / "state"
+    assert WANDB_KEY not in run["train"].stdout + run["train"].stderr
+    holding = [f for f in cpu_fab.tmp.rglob("*") if f.is_file() and not f.is_symlink() and secret in f.read_bytes()]
+    assert holding == [state / "secrets" / tracking.KEY]
 
 
 def test_mlflow_received_the_run_with_the_numbers_fab_metrics_wrote(cpu_fab: Fab, run: dict, metrics, mlflow_server):
     """Logged at train's end and again by fab metrics: each step once, every reward, eval and the result as
     metrics.csv, evals.csv and summary.json hold them, the run's settings, FINISHED."""
     assert f"MLflow: run {run['run']} logged, {mlflow_server}/#/experiments/" in run["train"].stdout
-    found = mlflowserver.logged(mlflow_server, identity(cpu_fab, run))
+    found = mlflowserver.logged(mlflow_server, run_identity(cpu_fab, run["run"]))
     history = found["history"]
     assert history[REWARD] == {int(row["step"]): float(row[REWARD]) for row in metrics if row[REWARD]}
     summary = json.loads((cpu_fab.tmp / "runs" / run["run"] / "summary.json").read_text())
@@ -328,37 +293,6 @@ def test_every_update_used_the_learning_rate_fab_plan_showed(cpu_fab: Fab, run: 
     for row in metrics[1:]:  # and what fab metrics shows for each step is that step's rate
         assert float(row["actor/train/learning_rate"]) == pytest.approx(used[int(row["step"])]["lr"], rel=1e-6)
     assert lr.highest == pytest.approx(3e-4)  # the peak is reached, in the first update here (no warmup in 4 steps)
-
-
-def test_the_local_schedule_is_maxtexts_own(run: dict, release: Release):
-    """For the shipped job on this release, the unset schedule (-1), a length equal to base.yml's `steps`, a
-    `steps` of its own and changed run lengths: MaxText's pyconfig, its count of the run's updates and
-    get_optimizer, stepped through each run, give the rates the plan predicts. (`run`: fab setup built the venv.)"""
-    cases = [
-        [],
-        ["train.learning_rate_schedule_steps=-1"],
-        ["train.rl.num_iterations=2"],
-        ["train.train_fraction=0.5"],
-        ["train.learning_rate_schedule_steps=150001"],
-        ["train.steps=60", "train.learning_rate_schedule_steps=60"],
-    ]
-    jobs = shipped_jobs(release)
-    trains = [build(jobs, case, "r1").job("train") for case in cases]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(SHIM)}
-    real = subprocess.run(
-        [release.venv / "bin" / "python", HERE / "maxtext_lr.py"],
-        input=json.dumps([train.rendered.argv[3:] for train in trains]),
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert real.returncode == 0, real.stderr[-3000:]
-    results = json.loads(real.stdout)
-    for case, train, maxtext in zip(cases, trains, results, strict=True):
-        lr = train.lr_schedule
-        assert maxtext["train_steps"] == lr.train_steps, case
-        assert maxtext["rates"] == pytest.approx([lr.rate(s) for s in range(1, lr.train_steps + 1)], rel=1e-5), case
-    assert max(results[1]["rates"]) == pytest.approx(release.unset_schedule_peak, rel=0.01)
 
 
 def test_training_moved_the_weights_and_the_export_is_the_final_checkpoint(weights: dict):
