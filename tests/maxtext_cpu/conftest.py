@@ -1,4 +1,4 @@
-"""The real MaxText pipeline on CPU through the product, once per release in RELEASES:
+"""The real MaxText pipeline on CPU through the product, each release in RELEASES where it differs:
 `pytest -m maxtext tests/maxtext_cpu` (`-k 0.2.5` for one release)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.demo import cpu
+from bootstrap.jobs.schedule import Schedule
 from bootstrap.remote import attempts
 from tests import gcsemulator, hubstub
 from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
@@ -101,7 +102,7 @@ def cpu_host(tmp_path_factory, gcs_emulator):
 
 @pytest.fixture(scope="session", params=sorted(RELEASES))
 def release(request) -> Release:
-    """Each test of the tier runs once per release (grouped: one release's tests, then the next's)."""
+    """Each release, for a module that runs each (a module that runs one overrides this)."""
     return RELEASES[request.param]
 
 
@@ -140,7 +141,16 @@ def cpu_fab(cpu_host, tmp_path_factory, release: Release) -> Iterator[Fab]:
 
 
 REWARD = "rewards/train/score/mean"
+BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
 WANDB_PROJECT = "tpu-rl-cpu-tier"
+
+
+def planned_schedule(fab: Fab, args: list[str]) -> Schedule:
+    """The schedule `fab plan` shows for a run of `args` (the product's own prediction)."""
+    plan = fab("plan", "--json", *args)
+    assert plan.returncode == 0, plan.stderr
+    (train,) = [job for job in json.loads(plan.stdout)["jobs"] if job["name"] == "train"]
+    return Schedule(**{k: v for k, v in train["lr_schedule"].items() if k in Schedule.__dataclass_fields__})
 
 
 def run_identity(fab: Fab, run: str) -> str:

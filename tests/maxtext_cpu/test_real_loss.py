@@ -19,12 +19,14 @@ import uuid
 import pytest
 
 from bootstrap.demo import MAKE_INPUTS
+from bootstrap.jobs import tracking
 from bootstrap.remote import gcs, jobrunner
 from bootstrap.remote.graph import PipelineState
 from bootstrap.results import timing
 from tests import gcsemulator
 from tests.loopback import Fab, edit_yaml, wait_for
 from tests.maxtext_cpu.conftest import (
+    BF16,
     HERE,
     RELEASES,
     WANDB_PROJECT,
@@ -32,6 +34,7 @@ from tests.maxtext_cpu.conftest import (
     assert_logged_to_wandb_offline,
     cpu_fab_at,
     overrides,
+    planned_schedule,
     set_up,
 )
 from tests.stack import INSTANCE, Stack, lose, wipe
@@ -62,6 +65,7 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
     with cpu_fab_at(cpu_host, tmp, release) as fab, pytest.MonkeyPatch.context() as env:
         env.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # where this side reads the bucket
         compute.host_keys[INSTANCE] = [tuple(fab.host.host_key.read_text().split()[:2])]
+        fab.secrets[tracking.KEY] = ""  # no W&B key anywhere, whatever this machine's environment holds
         stack = Stack(fab, compute, instance_id="1001")
         set_up(fab, release, stack)
         inputs = fab.tmp / "inputs"
@@ -210,6 +214,20 @@ def test_training_went_on_from_the_restored_state_and_the_export_is_the_final_ch
     assert not [name for name, t in tensors.items() if t["vs_checkpoint"] > 1.0]
     assert max(t["vs_first_checkpoint"] for t in tensors.values()) > 1.0
     assert max(t["moved"] for t in tensors.values()) > 5
+
+
+def test_every_update_used_the_planned_rate_across_the_loss_and_moved_every_matrix(recovery: dict, weights: dict):
+    """The shipped release's real train_rl, on both VMs: the optimizer state saved at each step holds the rate `fab
+    plan` showed for that step (the trainer keeps it in bf16), and every weight matrix of the bf16 export moved by
+    more than bf16 rounding explains (weight decay is off: only the GRPO gradient moves them)."""
+    lr = planned_schedule(recovery["stack"], recovery["args"])
+    assert (lr.train_steps, lr.schedule_steps) == (STEPS, STEPS)
+    for step, saved in weights["steps"].items():
+        assert saved["lr"] == pytest.approx(lr.rate(int(step)), rel=BF16), (step, saved)
+    assert weights["dtypes"] == ["bfloat16"]
+    matrices = {name: t for name, t in weights["tensors"].items() if not name.endswith("norm.weight")}
+    unmoved = [name for name, t in matrices.items() if t["moved"] <= 1.0]
+    assert not unmoved, unmoved[:5]
 
 
 def test_fab_metrics_reads_the_events_from_the_bucket(recovery: dict):

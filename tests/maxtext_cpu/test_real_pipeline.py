@@ -1,7 +1,7 @@
 """The real pipeline, end to end, through fab, on the newest release in conftest.RELEASES: real `fab setup` of
 that maxtext from PyPI, then the real to_maxtext, train_rl (only vLLM replaced by a CPU sampler, shim/) and
-to_huggingface on a tiny model. (The shipped release's pipeline runs end to end in test_real_loss and test_demo; what
-differs between the releases here, the learning-rate schedule, is test_schedule's.)
+to_huggingface on a tiny model. (The shipped release, 0.2.3, runs the pipeline end to end in test_real_loss and
+test_demo, with its own train settings and pins; the schedule of each release is test_schedule's.)
 
 The tiny model earns real rewards (make_inputs.py), so these prove the outcome, not only the mechanics:
 GRPO had a learning signal, the learning rate of every update was the one `fab plan` showed (and the one
@@ -27,11 +27,11 @@ import pytest
 
 from bootstrap.demo import MAKE_INPUTS, cpu
 from bootstrap.jobs import tracking
-from bootstrap.jobs.schedule import Schedule
 from bootstrap.remote import attempts, evals
 from tests import mlflowserver
 from tests.loopback import Fab, edit_yaml
 from tests.maxtext_cpu.conftest import (
+    BF16,
     HERE,
     RELEASES,
     REWARD,
@@ -39,6 +39,7 @@ from tests.maxtext_cpu.conftest import (
     Release,
     assert_logged_to_wandb_offline,
     overrides,
+    planned_schedule,
     run_identity,
     set_up,
 )
@@ -47,7 +48,6 @@ STEPS = 4
 NEWEST = "0.2.5"  # the newest release in RELEASES; the shipped one's pipeline runs in test_real_loss and test_demo
 WANDB_KEY = "wandb-cpu-tier-" + "5" * 26
 UNREACHABLE = "http://127.0.0.1:9"  # W&B's server as the "VM" sees it: nothing listens there
-BF16 = 2**-7  # relative resolution of a bfloat16 (8 significant bits), with room for rounding both ways
 
 
 def current_run(fab: Fab) -> str:
@@ -99,15 +99,6 @@ def weights(run: dict, release: Release) -> dict:
     )
     assert compare.returncode == 0, compare.stderr[-3000:]
     return json.loads(compare.stdout)
-
-
-def planned_schedule(cpu_fab: Fab, run: dict) -> Schedule:
-    """The schedule `fab plan` shows for this run (the product's own prediction)."""
-    plan = cpu_fab("plan", "--json", *run["args"])
-    assert plan.returncode == 0, plan.stderr
-    (train,) = [job for job in json.loads(plan.stdout)["jobs"] if job["name"] == "train"]
-    fields = {k: v for k, v in train["lr_schedule"].items() if k in Schedule.__dataclass_fields__}
-    return Schedule(**fields)
 
 
 def job_log(fab: Fab, run: dict, job: str) -> str:
@@ -283,7 +274,7 @@ def test_grpo_had_a_learning_signal(cpu_fab: Fab, run: dict, metrics: list[dict]
 
 def test_every_update_used_the_learning_rate_fab_plan_showed(cpu_fab: Fab, run: dict, metrics: list, weights: dict):
     """The optimizer state saved at each step (a checkpoint every step) holds the rate that step's update used."""
-    lr = planned_schedule(cpu_fab, run)
+    lr = planned_schedule(cpu_fab, run["args"])
     assert (lr.train_steps, lr.schedule_steps) == (STEPS, STEPS)  # ${train_steps}: sized to the run
     used = {int(step): saved for step, saved in weights["steps"].items()}
     assert sorted(used) == list(range(1, STEPS + 1))

@@ -1,5 +1,6 @@
 """results.wandb and results.mlflow: what the plan gives train, the W&B key's way to it, and a real MLflow server
-receiving a run as fab metrics reads it. (The W&B run itself, offline, is on the CPU tier: test_real_pipeline.)"""
+receiving a run as fab metrics reads it. (The W&B run itself, offline, is on the CPU tier: with a key in
+test_real_pipeline, with none in test_real_loss.)"""
 
 from __future__ import annotations
 
