@@ -108,7 +108,6 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
             "gcs_url": gcs_emulator,
             "stack": stack,
             "release": release,
-            "venv": release.venv,
             "args": args,
             "inputs": inputs,
             "durable": durable,
@@ -146,7 +145,7 @@ def test_the_resumed_run_ends_with_the_weights_of_the_run_never_lost(recovery: d
     bit for bit: the resume changed nothing that reaches the model."""
     exports = recovery["fab"].tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained"
     compare = subprocess.run(
-        [recovery["venv"] / "bin" / "python", HERE / "same_weights.py", exports / "r1", exports / "whole"],
+        [recovery["release"].venv / "bin" / "python", HERE / "same_weights.py", exports / "r1", exports / "whole"],
         capture_output=True,
         text=True,
     )
@@ -188,7 +187,7 @@ def weights(recovery: dict) -> dict:
     export = fab.tmp / "shm" / "llama3.1-8b-Instruct" / "hf-trained" / "r1"
     compare = subprocess.run(
         [
-            recovery["venv"] / "bin" / "python",
+            recovery["release"].venv / "bin" / "python",
             HERE / "compare_weights.py",
             recovery["inputs"] / "hf_model",
             recovery["actor"],
