@@ -99,6 +99,9 @@ def model_overrides(inputs: Path, gsm8k: bool = True) -> list[str]:
             if gsm8k
             else []
         ),  # fmt: skip
+        # every compile kept in the JAX cache, not only those over its default 1 s: on a CPU they are many and short,
+        # and the next run's in the same folder (the control, a resume) are the same programs
+        *(f"{job}.env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0" for job in ("convert", "train", "export")),
         "train.env.MAXTEXT_CPU_ROLLOUT=1",
         f"train.env.PYTHONPATH={SHIM}",
         f"convert.env.PYTHONPATH={SHIM}",  # a gs:// folder made as TensorFlow's gfile makes it

@@ -36,7 +36,8 @@ def serve(server: subprocess.Popen, copy: Callable[[], None], every: float) -> N
 
     threading.Thread(target=copying, daemon=True).start()
     try:
-        server.wait()
+        while server.poll() is None:  # not a blocking wait(): a Ctrl-C the kernel hands to another thread (the copy's,
+            time.sleep(0.2)  # paramiko's) is run by this one only once it is back in Python, which waitpid never is
     finally:
         stopped.set()
 

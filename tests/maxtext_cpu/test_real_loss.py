@@ -78,7 +78,6 @@ def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release
             f"vars.durable_dir={durable}",
             f"train.env.TPU_RL_CPU_HOLD_FILE={hold}",
             f"train.env.JAX_DEBUG_LOG_MODULES={COMPILER}",  # JAX's own lines on its persistent cache
-            "train.env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",  # kept however fast this machine compiles it
         ]
         args = [word for override in overridden for word in ("--arg", override)]
 

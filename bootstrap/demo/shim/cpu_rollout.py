@@ -20,10 +20,16 @@ from tunix.rl import common
 from tunix.rl.rollout import base_rollout
 
 
-@nnx.jit
-def _next_token_logits(model, tokens, positions, index):
-    logits, _ = model(tokens, positions, None, None)
-    return jax.lax.dynamic_index_in_dim(logits, index - 1, axis=1, keepdims=False)
+def _next_token_logits(graphdef):
+    """The forward pass of the model `graphdef` describes, on its weights given each call: the model is walked
+    once per generate, not once per token (nnx.jit's split and merge of every call took a third of the rollout)."""
+
+    @jax.jit
+    def logits_at(state, tokens, positions, index):
+        logits, _ = nnx.merge(graphdef, state)(tokens, positions, None, None)
+        return jax.lax.dynamic_index_in_dim(logits, index - 1, axis=1, keepdims=False)
+
+    return logits_at
 
 
 def _seed(prompts) -> int:
@@ -47,6 +53,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
             tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
         self._tokenizer = tokenizer
+        self._forward = None  # (the model's GraphDef, its forward pass), made at the first generate
 
     def generate(self, prompts, rollout_config, **kwargs) -> base_rollout.RolloutOutput:
         if isinstance(prompts, str):
@@ -62,14 +69,16 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         logprobs = np.zeros((len(prompts), new_tokens), dtype=np.float32)
         temperature = float(rollout_config.temperature or 0.0)
         rng = np.random.default_rng(_seed(prompts))
+        graphdef, state = nnx.split(self._model)  # this call's weights: the trainer updates them between calls
+        if self._forward is None or self._forward[0] != graphdef:  # made again if the model's structure changed
+            self._forward = (graphdef, _next_token_logits(graphdef))
+        logits_at = self._forward[1]
         for step in range(new_tokens):
             index = prompt_len + step
             mask = buffer != pad
             mask[:, index:] = False
             positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
-            logits = np.asarray(
-                _next_token_logits(self._model, jnp.asarray(buffer), jnp.asarray(positions), index), dtype=np.float32
-            )
+            logits = np.asarray(logits_at(state, jnp.asarray(buffer), jnp.asarray(positions), index), dtype=np.float32)
             log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
             if temperature > 0:
                 scaled = log_probs / temperature
