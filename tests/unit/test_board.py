@@ -72,6 +72,8 @@ def copy():
     copies.append(time.monotonic())
     if len(copies) == 3:
         print("copying", flush=True)
+        if sys.argv[2] == "copy":  # Ctrl-C as the kernel may hand it out: to the copy's thread, not the main one
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
         while True:  # an SFTP read that never returns, in a library whose bare `except:` would swallow Ctrl-C
             try:
                 threading.Event().wait()
@@ -86,17 +88,22 @@ except KeyboardInterrupt:
 """
 
 
-def test_ctrl_c_ends_the_serving_at_once_even_with_a_copy_in_flight(tmp_path):
-    """Copies every --every seconds (a fraction too) beside the server; Ctrl-C while one hangs ends fab at once."""
+@pytest.mark.parametrize("thread", ["main", "copy"])
+def test_ctrl_c_ends_the_serving_at_once_even_with_a_copy_in_flight(tmp_path, thread):
+    """Copies every --every seconds (a fraction too) beside the server; Ctrl-C while one hangs ends fab at once,
+    whichever thread the signal reached (`copy`: the copy's own; a blocking wait once left fab on TensorBoard)."""
     started = time.monotonic()
     process = subprocess.Popen(
-        [sys.executable, "-c", SERVING, "0.2"], cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+        [sys.executable, "-c", SERVING, "0.2", thread], cwd=REPO, stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
     try:
         assert process.stdout.readline() == "copying\n"  # the third copy, 0.2 s apart
         assert time.monotonic() - started >= 0.6
-        process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=20)
+        if thread == "main":
+            process.send_signal(signal.SIGINT)
+        process.wait(timeout=20)
+        out = process.stdout.read()  # through the reader readline filled: it may hold the next line already
     finally:
         process.kill()
     assert out == "stopped 3\n" and process.returncode == 0
