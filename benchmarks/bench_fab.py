@@ -158,7 +158,7 @@ def side_by_side(host: Host, hub: hubstub.Hub, token: str, tmp: Path, other: Pat
     for name, tree in (("this tree", REPO), (str(other), other)):
         folder = tmp / ("this" if tree == REPO else "other")
         write_test_jobs(folder / "jobs", folder, [str(REPO / "tests" / "standin")])
-        fabs[name] = OtherFab(host, folder, token, folder / "jobs", hub, tree, hf_login)
+        fabs[name] = OtherFab(host, folder, token, folder / "jobs", hub, tree=tree, hf_login=hf_login)
         timed(fabs[name], "train", "--arg", "vars.num_batches=4")
     times: dict[str, list[float]] = {"ssh true": [], "plain ssh job": []}
     for _ in range(repeat):  # the no-ops first: a convert hands the driver another plan

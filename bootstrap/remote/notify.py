@@ -22,9 +22,7 @@ import os
 import sys
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 try:
     from . import attempts, evals, joblog, jobrunner, retry  # on the laptop: bootstrap.remote.notify
@@ -52,6 +50,8 @@ def kind_of(url: str, named: str = "") -> str:
 
 def request(url: str, kind: str, message: str, event: dict) -> urllib.request.Request:
     """One POST, its body as the receiver takes it."""
+    import urllib.request  # here, not above: every fab command and the VM's first look import this module, few send
+
     if kind == "ntfy":  # ntfy publishes a plain-text body to the topic the URL names
         title = f"tpu-rl: run {event.get('run', '?')} {event.get('state', '')}".strip()
         return urllib.request.Request(url, data=message.encode(), headers={"Title": title}, method="POST")
@@ -62,6 +62,8 @@ def request(url: str, kind: str, message: str, event: dict) -> urllib.request.Re
 
 def send(url: str, kind: str, message: str, event: dict) -> dict:
     """The POST, tried TRIES times; what happened, without the URL."""
+    import urllib.error  # as request's urllib.request
+
     error = ""
     for attempt in range(1, TRIES + 1):
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from invoke import Context
 
-from .. import secrets
+from .. import beside, secrets
 from ..errors import UserError, VmUnavailable
 from ..jobs import check, load, task_check, tracking
 from ..jobs.checked import LocalInputs
@@ -112,6 +112,7 @@ def open_session(
     chosen = (user, machine_type)
     expected_plan = build(files, [*durable, *overrides], expected, *chosen) if expected else None  # the plan if chosen
     ahead = _read_ahead(expected_plan, outputs, runs_jobs) if expected_plan else ()
+    beside.start(_import_what_follows, finish=True)  # while the VM answers
     current = driver.install(values, pipeline.spec.vm.startup_marker, *([ahead] if ahead else []))
     laptop = runs.current_run()
     if laptop and laptop.startswith(PROBE_PREFIX):  # a probe measured rates; the run itself is another
@@ -222,3 +223,8 @@ def choose_run(
     if not new and current and not current.startswith(PROBE_PREFIX):  # a probe's is never carried on
         return check_run_name(current, source), "the current run"
     return runs.new_run_name(), "a new run"
+
+
+def _import_what_follows() -> None:
+    """What a command imports once its session is open (the pipeline's driving and display)."""
+    from ..vm import pipeline  # noqa: F401

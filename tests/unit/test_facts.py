@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 import shutil
 import subprocess
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.remote.facts import LOG_CHUNK
+from bootstrap.remote.facts import LOG_CHUNK, WARMED
 from bootstrap.remote.jobrunner import Layout
 from bootstrap.vm.machine import FACTS_COMMAND, REMOTE_SCRIPTS, TOOLS
 
@@ -136,3 +137,17 @@ def test_started_ahead_and_never_asked_it_changes_nothing(home: Path):
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     assert sorted(p.name for p in home.rglob("*")) == ["state"] and (home / "state").stat().st_mode & 0o777 == 0o755
+
+
+def test_the_tools_slow_standard_library_is_loaded_before_the_request_comes(home: Path):
+    """Started ahead (vm/dial.py), facts.py loads what the tools import slowly while fab still checks its jobs;
+    each module it warms is one the tools import (a stale name would cost the VM for nothing)."""
+    argv = shlex.split(FACTS_COMMAND)
+    argv[1:1] = ["-X", "importtime"]  # what the interpreter imported, on stderr
+    started = subprocess.run(argv, input="", capture_output=True, text=True, timeout=60, cwd=home)  # never asked
+    assert started.returncode == 0, started.stderr
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in started.stderr.splitlines()}
+    assert WARMED and set(WARMED) <= loaded
+    script = "import sys; sys.path.insert(0, sys.argv[1]); import driver, inventory, jobrunner; print(*sys.modules)"
+    tools = subprocess.run(["python3", "-I", "-c", script, str(REMOTE_SCRIPTS)], capture_output=True, text=True)
+    assert set(WARMED) <= set(tools.stdout.split()), tools.stderr
