@@ -205,7 +205,8 @@ class Runs:
             stdin=subprocess.DEVNULL,
         )
 
-    def start(self, *args: str) -> subprocess.Popen:
+    def start(self, *args: str, own_group: bool = False) -> subprocess.Popen:
+        """fab running; `own_group`: in a process group of its own, which os.killpg ends with what fab started."""
         return subprocess.Popen(
             self.command(*args),
             env=self.env(),
@@ -213,6 +214,7 @@ class Runs:
             stderr=subprocess.STDOUT,
             text=True,
             stdin=subprocess.DEVNULL,
+            start_new_session=own_group,
         )
 
 

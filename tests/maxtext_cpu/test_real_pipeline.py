@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import select
 import shutil
@@ -206,7 +207,7 @@ def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu
     series fab metrics wrote; a run whose events arrive while it serves appears; Ctrl-C ends both cleanly."""
     copied = cpu_fab.tmp / "runs" / run["run"] / "tensorboard"
     shutil.rmtree(copied)  # fab metrics' copy: what TensorBoard serves must be fab tensorboard's own
-    process = cpu_fab.start("tensorboard", *run["args"], "--every", "60")
+    process = cpu_fab.start("tensorboard", *run["args"], "--every", "60", own_group=True)
     try:
         url = _said(process, re.compile(r"TensorBoard at (http://127\.0\.0\.1:\d+/)"))
         assert list(copied.rglob("events.out.tfevents.*"))  # copied before it served: not a minute later
@@ -222,8 +223,13 @@ def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu
         )
     finally:
         process.send_signal(signal.SIGINT)
-        out = process.communicate(timeout=60)[0]
-        shutil.rmtree(cpu_fab.tmp / "runs" / "a-second-run", ignore_errors=True)
+        try:
+            out = process.communicate(timeout=60)[0]
+        except subprocess.TimeoutExpired:  # never left running: fab and its TensorBoard end with the test
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+        finally:
+            shutil.rmtree(cpu_fab.tmp / "runs" / "a-second-run", ignore_errors=True)
     assert process.returncode == 0 and "TensorBoard stopped" in out, out[-2000:]
 
 
