@@ -3,10 +3,10 @@
 Sent with the command itself (`python3 -I -c`, the request as JSON on stdin, the answer as one JSON line
 on stdout), so it works on a VM that has none of tpu-rl's tools yet; a shell doing the same starts a
 dozen processes, which cost a fab command more than the Python. fab starts it while it still checks its
-jobs (vm/dial.py): it waits for the request, and a command that stopped before asking leaves it nothing to
-do (an empty request). Isolated (-I): nothing in the SSH user's home or environment shadows the standard
-library. Paths are as SFTP reads them: relative ones in the home folder. Every part of the request is
-optional:
+jobs (vm/dial.py): it loads the tools' slowest standard library (WARMED) and waits for the request, and a
+command that stopped before asking leaves it nothing to do (an empty request). Isolated (-I): nothing in the
+SSH user's home or environment shadows the standard library. Paths are as SFTP reads them: relative ones in
+the home folder. Every part of the request is optional:
 
     state       the state folder (jobrunner.Layout's paths, from the laptop: `root`, `private`, `bin`,
                 `current_run`): its private folders made (mode 700), the cached bytecode of the tools the
@@ -33,7 +33,7 @@ import os
 import sys
 
 LOG_CHUNK = 1024 * 1024  # of the startup log, a look
-# The tools' slowest standard-library import (attempts' logging): a third of the answer's time once the request
+# The tools' slowest standard-library import (attempts' logging): almost half the answer's time once the request
 # came, loaded while it is on its way. Nothing of tpu-rl's, and nothing on the VM changes.
 WARMED = ("logging",)
 

@@ -6,6 +6,8 @@ import while the connection opens.
 
 from __future__ import annotations
 
+import contextlib
+
 from invoke import Context
 
 from .. import beside, secrets
@@ -226,5 +228,7 @@ def choose_run(
 
 
 def _import_what_follows() -> None:
-    """What a command imports once its session is open (the pipeline's driving and display)."""
-    from ..vm import pipeline  # noqa: F401
+    """What a command imports once its session is open (the pipeline's driving and display). An error here is the
+    command's to meet where it imports the same."""
+    with contextlib.suppress(Exception):
+        from ..vm import pipeline  # noqa: F401

@@ -11,6 +11,7 @@ The tests share one run (module fixture) and run in file order: the last ones ch
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -225,10 +226,10 @@ def test_fab_tensorboard_serves_the_runs_reward_and_a_second_run_as_it_comes(cpu
         process.send_signal(signal.SIGINT)
         try:
             out = process.communicate(timeout=60)[0]
-        except subprocess.TimeoutExpired:  # never left running: fab and its TensorBoard end with the test
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
-        finally:
+        finally:  # never left running: fab, and a TensorBoard it left, end with the test
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
             shutil.rmtree(cpu_fab.tmp / "runs" / "a-second-run", ignore_errors=True)
     assert process.returncode == 0 and "TensorBoard stopped" in out, out[-2000:]
 

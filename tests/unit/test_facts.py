@@ -144,10 +144,12 @@ def test_the_tools_slow_standard_library_is_loaded_before_the_request_comes(home
     each module it warms is one the tools import (a stale name would cost the VM for nothing)."""
     argv = shlex.split(FACTS_COMMAND)
     argv[1:1] = ["-X", "importtime"]  # what the interpreter imported, on stderr
-    started = subprocess.run(argv, input="", capture_output=True, text=True, timeout=60, cwd=home)  # never asked
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}
+    started = subprocess.run(argv, input="", env=env, cwd=home, capture_output=True, text=True, timeout=60)  # no ask
     assert started.returncode == 0, started.stderr
     loaded = {line.rsplit("|", 1)[-1].strip() for line in started.stderr.splitlines()}
     assert WARMED and set(WARMED) <= loaded
     script = "import sys; sys.path.insert(0, sys.argv[1]); import driver, inventory, jobrunner; print(*sys.modules)"
-    tools = subprocess.run(["python3", "-I", "-c", script, str(REMOTE_SCRIPTS)], capture_output=True, text=True)
+    argv = ["python3", "-I", "-c", script, str(REMOTE_SCRIPTS)]
+    tools = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert set(WARMED) <= set(tools.stdout.split()), tools.stderr
