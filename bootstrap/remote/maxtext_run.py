@@ -8,7 +8,8 @@ terminates the idle workers, one of which holds the pool's queue lock, and multi
 own finalizer then waits for that lock forever. train_rl logs "RL Training Completed
 Successfully!" and never exits, so its job never ends. This closes the pool the graceful way
 (close + join: each worker takes its stop sentinel and exits) once the module returns, keeps
-that pool built once (steady_grader_pool), and otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
+that pool built once (steady_grader_pool), spares its workers train's module (light_grader_workers), and
+otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
 failure with the pool open, the process ends at once with the module's status. Before the module
 runs, the start is recorded where the job's environment says, and each eval it logs from then on
 (attempts.py), and with results.wandb its W&B run is named after the run (wandb_run.py). Stdlib only.
@@ -62,6 +63,28 @@ def steady_grader_pool() -> None:
     grader._get_pool = steady
 
 
+def light_grader_workers() -> None:
+    """A spawned process first runs its parent's __main__ again: here train_rl, with jax, tunix and MaxText, in
+    every grader worker, at each build and each replacement (every 100th task), though a worker needs only the
+    grader's module. A pool worker spawned in train's process skips that: train_rl's own functions never go to a
+    pool; MaxText's grader and a reward's live in modules of their own. Only where the grader's module is loaded
+    (steady_grader_pool loads it): MaxText's RL trainer, else nothing changes."""
+    if GRADER_POOL not in sys.modules:
+        return
+    from multiprocessing import spawn
+
+    prepare = spawn.get_preparation_data
+
+    def without_main(name: str) -> dict:
+        data = prepare(name)
+        if name.startswith("SpawnPoolWorker-"):
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+        return data
+
+    spawn.get_preparation_data = without_main
+
+
 def close_grader_pool() -> bool:
     """Close MaxText's grader pool if the module started one; True if there was one."""
     grader = sys.modules.get(GRADER_POOL)
@@ -89,6 +112,7 @@ def main(argv: list[str]) -> None:
     recorder = attempts.EvalRecorder.install(environ)
     wandb_run.prepare(run_id=_run_identity())
     steady_grader_pool()
+    light_grader_workers()
     hooks = None
     if (rules := health.rules_from(environ, carried_on)) is not None:  # after the grader pool's module is loaded
         hooks = health_hooks.install(rules)

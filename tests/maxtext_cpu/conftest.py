@@ -25,7 +25,14 @@ from tests.loopback import REPO, Fab, edit_yaml, loopback_host, write_test_jobs
 HERE = Path(__file__).resolve().parent
 # Cached between runs like the validator's venv: the setup job keeps a venv already built for its spec.
 VENVS = Path(os.environ.get("TPU_RL_CPU_VENVS") or Path.home() / ".cache" / "tpu-rl")
-HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # no TPU, no Hub
+# XLA on one thread: the tier runs four jobs side by side on a few cores, where XLA's own threads only contend (a
+# run of test_real_pipeline beside two CPU burners: 171 s with it, 183 s without; quiet, 156 s and 162 s)
+ONE_THREAD = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
+HOST_ENV = {
+    "JAX_PLATFORMS": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+} | ONE_THREAD  # no TPU, no Hub
 
 
 @dataclass(frozen=True)

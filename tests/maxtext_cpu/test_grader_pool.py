@@ -1,7 +1,8 @@
 """MaxText 0.2.3's math_verify grader pool, for real: it is built again, with freshly spawned workers, whenever the
 number of items a call grades changes (a train group, an eval batch, a partial last batch); the launcher keeps the
 live one (maxtext_run.steady_grader_pool). On the TPU host each build cost 25-30 s and made a 0.35-0.70 s step
-take 4.34 s (measured on a TPU host; docs/benchmarks.md)."""
+take 4.34 s (measured on a TPU host; docs/benchmarks.md). Its workers, spawned, never run train's module again
+(maxtext_run.light_grader_workers)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 from bootstrap.paths import REPO
 from tests.maxtext_cpu.conftest import DEFAULT, cpu_fab_at, set_up
+
+LAUNCHER = REPO / "bootstrap" / "remote" / "maxtext_run.py"
 
 CALLS = [1, 2]  # items graded by each call: one group's answers, then an eval batch's, as train and evals do
 SCRIPT = """
@@ -64,3 +67,34 @@ def test_the_grader_pool_is_built_once_whatever_each_call_grades(python, launche
         assert built == CALLS, built  # each change of size spawned a new pool (here: 1, then 2 workers)
     else:
         assert built == [1], built  # the first pool, kept for every later call
+
+
+ENTRY = """
+import os, sys
+with open(sys.argv[1], "a") as f:  # each process that runs this module: train's, and a worker that runs it again
+    f.write(f"{os.getpid()}\\n")
+if __name__ == "__main__":
+    from maxtext.trainers.post_train.rl import math_verify_pool as grader
+
+    class Config:
+        reward_exact_answer = 1.0
+
+    items = [(i, ["\\\\boxed{7}"], ["\\\\boxed{7}"]) for i in range(2)]
+    assert grader.math_verify_pool(Config(), items, [0.0, 0.0], timeout=120) == [1.0, 1.0]
+    print(os.getpid(), *(worker.pid for worker in grader._POOL._pool))
+"""
+
+
+def test_the_graders_workers_never_run_trains_module_again(python, tmp_path):
+    """A module in train_rl's place, through the launcher as train runs: MaxText's grader spawns its workers, and
+    only train's own process ran the module."""
+    (tmp_path / "entry.py").write_text(ENTRY)
+    ran = tmp_path / "ran"
+    result = subprocess.run(
+        [python, LAUNCHER, "entry", ran],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    train, *workers = result.stdout.split()
+    assert workers, result.stdout  # the grader spawned its workers
+    assert ran.read_text().split() == [train], (ran.read_text(), workers)
