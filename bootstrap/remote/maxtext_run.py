@@ -23,6 +23,7 @@ import json
 import os
 import runpy
 import sys
+import threading
 import traceback
 
 try:
@@ -64,25 +65,39 @@ def steady_grader_pool() -> None:
 
 
 def light_grader_workers() -> None:
-    """A spawned process first runs its parent's __main__ again: here train_rl, with jax, tunix and MaxText, in
-    every grader worker, at each build and each replacement (every 100th task), though a worker needs only the
-    grader's module. A pool worker spawned in train's process skips that: train_rl's own functions never go to a
-    pool; MaxText's grader and a reward's live in modules of their own. Only where the grader's module is loaded
-    (steady_grader_pool loads it): MaxText's RL trainer, else nothing changes."""
-    if GRADER_POOL not in sys.modules:
+    """A spawned process first runs its parent's __main__ again: here train_rl's module, in every grader worker,
+    at each build and each replacement (every 100th task), though a worker needs only the grader's module (0.2.3's
+    maxtext package still loads jax and MaxText there; 0.2.5's loads them lazily). The grader's own pool skips it:
+    the workers spawned while it is built, and those its worker handler starts in place of retired ones. Any other
+    pool is spawned as before (0.2.5's train_rl pickles its reward class for tunix's pool by __main__)."""
+    grader = sys.modules.get(GRADER_POOL)  # loaded by steady_grader_pool where MaxText's RL trainer is
+    get_pool = getattr(grader, "_get_pool", None)
+    if get_pool is None:
         return
     from multiprocessing import spawn
 
-    prepare = spawn.get_preparation_data
+    prepare, building = spawn.get_preparation_data, set()
+
+    def for_the_grader() -> bool:
+        current = threading.current_thread()
+        return current in building or current is getattr(grader._POOL, "_worker_handler", None)
 
     def without_main(name: str) -> dict:
         data = prepare(name)
-        if name.startswith("SpawnPoolWorker-"):
+        if for_the_grader():
             data.pop("init_main_from_name", None)
             data.pop("init_main_from_path", None)
         return data
 
+    def built_light(num_procs: int):
+        building.add(threading.current_thread())
+        try:
+            return get_pool(num_procs)
+        finally:
+            building.discard(threading.current_thread())
+
     spawn.get_preparation_data = without_main
+    grader._get_pool = built_light
 
 
 def close_grader_pool() -> bool:

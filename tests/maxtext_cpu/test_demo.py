@@ -23,7 +23,7 @@ from bootstrap import secrets
 from bootstrap.demo import rehearsal
 from bootstrap.paths import REPO
 from bootstrap.remote import jobrunner, processes
-from tests.maxtext_cpu.conftest import ONE_THREAD
+from tests.maxtext_cpu.conftest import EIGEN_ONE_THREAD
 
 FAB = Path(sys.executable).with_name("fab")
 RESULT = re.compile(r"result: GSM8K accuracy ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
@@ -39,7 +39,7 @@ def demo(tmp: Path, *args: str, network: bool = True, task: str = "demo") -> sub
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),  # the wheels, kept
         rehearsal.ROOT_ENV: str(tmp / "demo"),
         "COLUMNS": "200",
-        **ONE_THREAD,  # the jobs' XLA, as on the tier's loopback VM
+        **EIGEN_ONE_THREAD,  # the jobs' XLA, as on the tier's loopback VM
     }
     (tmp / "home").mkdir(exist_ok=True)
     argv = [str(FAB), "-r", str(REPO), task, *args]

@@ -70,24 +70,32 @@ def test_the_grader_pool_is_built_once_whatever_each_call_grades(python, launche
 
 
 ENTRY = """
-import os, sys
+import json, os, sys
 with open(sys.argv[1], "a") as f:  # each process that runs this module: train's, and a worker that runs it again
     f.write(f"{os.getpid()}\\n")
 if __name__ == "__main__":
+    from multiprocessing import process
     from maxtext.trainers.post_train.rl import math_verify_pool as grader
+
+    started, start = [], process.BaseProcess.start
+    def counted(worker):
+        started.append(worker.name)
+        return start(worker)
+    process.BaseProcess.start = counted
 
     class Config:
         reward_exact_answer = 1.0
 
-    items = [(i, ["\\\\boxed{7}"], ["\\\\boxed{7}"]) for i in range(2)]
-    assert grader.math_verify_pool(Config(), items, [0.0, 0.0], timeout=120) == [1.0, 1.0]
-    print(os.getpid(), *(worker.pid for worker in grader._POOL._pool))
+    grader._MAX_TASKS_PER_CHILD = 1  # each worker retires after one item: its pool's handler starts another
+    items = [(i, ["\\\\boxed{7}"], ["\\\\boxed{7}"]) for i in range(4)]
+    assert grader.math_verify_pool(Config(), items, [0.0] * 4, timeout=120) == [1.0] * 4
+    print(json.dumps({"train": os.getpid(), "started": len(started), "size": len(grader._POOL._pool)}))
 """
 
 
 def test_the_graders_workers_never_run_trains_module_again(python, tmp_path):
-    """A module in train_rl's place, through the launcher as train runs: MaxText's grader spawns its workers, and
-    only train's own process ran the module."""
+    """A module in train_rl's place, through the launcher as train runs: MaxText's grader starts its workers, and
+    others in place of those that retired, and only train's own process ran the module."""
     (tmp_path / "entry.py").write_text(ENTRY)
     ran = tmp_path / "ran"
     result = subprocess.run(
@@ -95,6 +103,6 @@ def test_the_graders_workers_never_run_trains_module_again(python, tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    train, *workers = result.stdout.split()
-    assert workers, result.stdout  # the grader spawned its workers
-    assert ran.read_text().split() == [train], (ran.read_text(), workers)
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found["started"] > found["size"] > 0, found  # workers started when the pool was built, and replacements
+    assert ran.read_text().split() == [str(found["train"])], (ran.read_text(), found)
