@@ -14,8 +14,7 @@ import pytest
 
 from bootstrap.paths import REPO
 from tests.maxtext_cpu.conftest import DEFAULT, cpu_fab_at, set_up
-
-LAUNCHER = REPO / "bootstrap" / "remote" / "maxtext_run.py"
+from tests.unit.test_maxtext_run import LAUNCHER
 
 CALLS = [1, 2]  # items graded by each call: one group's answers, then an eval batch's, as train and evals do
 SCRIPT = """
