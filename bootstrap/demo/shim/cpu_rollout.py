@@ -2,8 +2,8 @@
 
 tunix calls it through the `rollout_engine` hook for BaseRollout subclasses, which train_rl
 takes when `use_standalone_converter=true` (0.2.3) or always (0.2.4 on). It samples on the same
-actor model the trainer updates, with one full forward pass per generated token (no KV cache):
-slow, but small models on CPU need no more.
+actor model the trainer updates, with one forward pass per generated token (no KV cache) over only the
+columns that token needs: slow, but small models on CPU need no more.
 """
 
 from __future__ import annotations
@@ -45,6 +45,18 @@ def _sample(rng, probs):
     return rng.choice(len(probs), p=probs / probs.sum()) if np.isfinite(probs).all() and probs.sum() > 0 else 0
 
 
+WINDOW_STEP = 16  # window lengths are multiples of this: a compile per length, not per token
+
+
+def _window(first: int, index: int, length: int) -> tuple[int, int]:
+    """The columns [start, end) a forward pass needs to give the logits at `index - 1`: none left of `first`
+    (only padding, which the model masks), none past `index` but a few that round the length to WINDOW_STEP
+    (the causal mask hides them)."""
+    size = min(length, -(-(index - first) // WINDOW_STEP) * WINDOW_STEP)
+    start = min(first, length - size)
+    return start, start + size
+
+
 class MaxTextVllmRollout(base_rollout.BaseRollout):
     """The name train_rl imports; the engine is a greedy or temperature sampler in JAX."""
 
@@ -73,12 +85,17 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         if self._forward is None or self._forward[0] != graphdef:  # made again if the model's structure changed
             self._forward = (graphdef, _next_token_logits(graphdef))
         logits_at = self._forward[1]
+        first = int((buffer[:, :prompt_len] != pad).argmax(axis=1).min())  # the first column any prompt uses
         for step in range(new_tokens):
             index = prompt_len + step
-            mask = buffer != pad
-            mask[:, index:] = False
+            start, end = _window(first, index, buffer.shape[1])
+            window = buffer[:, start:end]
+            mask = window != pad
+            mask[:, index - start :] = False
             positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
-            logits = np.asarray(logits_at(state, jnp.asarray(buffer), jnp.asarray(positions), index), dtype=np.float32)
+            logits = np.asarray(
+                logits_at(state, jnp.asarray(window), jnp.asarray(positions), index - start), dtype=np.float32
+            )
             log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
             if temperature > 0:
                 scaled = log_probs / temperature
