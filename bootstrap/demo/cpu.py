@@ -103,6 +103,9 @@ def model_overrides(inputs: Path, gsm8k: bool = True) -> list[str]:
         # and the next run's in the same folder (the control, a resume) are the same programs
         *(f"{job}.env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0" for job in ("convert", "train", "export")),
         "train.env.MAXTEXT_CPU_ROLLOUT=1",
+        # one grader worker: MaxText starts min(8, cores) of them, each its own Python with math_verify and sympy,
+        # for a tiny model's handful of short answers a step
+        "train.math_verify_num_procs=1",
         f"train.env.PYTHONPATH={SHIM}",
         f"convert.env.PYTHONPATH={SHIM}",  # a gs:// folder made as TensorFlow's gfile makes it
         "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's

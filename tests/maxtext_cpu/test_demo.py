@@ -114,6 +114,10 @@ def test_the_demo_uses_the_users_jobs_with_only_what_a_cpu_needs_changed(tmp, le
     assert "the jobs are yours" in out and "environment: MaxText 0.2.3 for the CPU" in out
     copied = (tmp / "demo" / "jobs" / "train.yaml").read_text()
     assert "maxtext.trainers.post_train.rl.train_rl" in copied and "secrets" not in copied
+    # MaxText's grader starts one worker, not one a core (min(8, cores)): the shim says each build of its pool
+    (log,) = rehearsal.Folder(tmp / "demo").state.glob("runs/demo-grpo-*/train/log")
+    builds = re.findall(r"\[shim\] math_verify grader pool built with (\d+) worker", log.read_text(errors="replace"))
+    assert builds == ["1"], builds
 
 
 def test_clean_stops_what_runs_and_removes_the_one_folder(tmp, control):

@@ -2,8 +2,8 @@
 
 tunix calls it through the `rollout_engine` hook for BaseRollout subclasses, which train_rl
 takes when `use_standalone_converter=true` (0.2.3) or always (0.2.4 on). It samples on the same
-actor model the trainer updates, with one forward pass per generated token (no KV cache) over only the
-columns that token needs: slow, but small models on CPU need no more.
+actor model the trainer updates, with one forward pass per generated token (no KV cache) over a window of
+the buffer: slow, but small models on CPU need no more.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ WINDOW_STEP = 16  # window lengths are multiples of this: a compile per length, 
 
 
 def _window(first: int, index: int, length: int) -> tuple[int, int]:
-    """The columns [start, end) a forward pass needs to give the logits at `index - 1`: none left of `first`
-    (only padding, which the model masks), none past `index` but a few that round the length to WINDOW_STEP
-    (the causal mask hides them)."""
+    """The columns [start, end) of a buffer of `length` whose forward pass gives the logits at `index - 1` (the
+    same up to float rounding): from `first` on, the columns before it being padding the model masks (a few more
+    where the window meets the buffer's end), to `index`, rounded up to WINDOW_STEP columns the causal mask hides."""
     size = min(length, -(-(index - first) // WINDOW_STEP) * WINDOW_STEP)
     start = min(first, length - size)
     return start, start + size
@@ -85,7 +85,9 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         if self._forward is None or self._forward[0] != graphdef:  # made again if the model's structure changed
             self._forward = (graphdef, _next_token_logits(graphdef))
         logits_at = self._forward[1]
-        first = int((buffer[:, :prompt_len] != pad).argmax(axis=1).min())  # the first column any prompt uses
+        # the first column any prompt uses; 0 (only the future left out) if the model does not mask the padding
+        masks_padding = getattr(self._model, "_pad_id", None) == pad  # MaxText's adapter: pads get segment 0
+        first = int((buffer[:, :prompt_len] != pad).argmax(axis=1).min()) if masks_padding else 0
         for step in range(new_tokens):
             index = prompt_len + step
             start, end = _window(first, index, buffer.shape[1])
