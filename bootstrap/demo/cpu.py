@@ -14,6 +14,10 @@ from . import REQUIREMENTS, SHIM
 VERSION = "0.2.3"  # the MaxText the demo runs (the shipped jobs' pin)
 PYTHON = "3.12"  # MaxText's least
 TUNIX = "0.1.7"  # PyPI's newest google-tunix, installed without its dependencies (no vLLM: the CPU sampler)
+# One grader worker: MaxText starts min(8, cores), each its own Python with math_verify and sympy (on 0.2.3, jax and
+# MaxText too: 7 CPU-s), for a tiny model's handful of short answers a step. A CPU's setting: a chip's host keeps
+# MaxText's own.
+ONE_GRADER = "train.math_verify_num_procs=1"
 # The tiny model's widths: the converters take head_dim and the layer count (32) from their 8B table.
 TINY = (
     "override_model_config=True",
@@ -103,9 +107,7 @@ def model_overrides(inputs: Path, gsm8k: bool = True) -> list[str]:
         # and the next run's in the same folder (the control, a resume) are the same programs
         *(f"{job}.env.JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0" for job in ("convert", "train", "export")),
         "train.env.MAXTEXT_CPU_ROLLOUT=1",
-        # one grader worker: MaxText starts min(8, cores) of them, each its own Python with math_verify and sympy,
-        # for a tiny model's handful of short answers a step
-        "train.math_verify_num_procs=1",
+        ONE_GRADER,
         f"train.env.PYTHONPATH={SHIM}",
         f"convert.env.PYTHONPATH={SHIM}",  # a gs:// folder made as TensorFlow's gfile makes it
         "export.--override_model_architecture=true",  # the tiny widths instead of the 8B table's

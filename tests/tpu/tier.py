@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from bootstrap.demo import MAKE_INPUTS, SHIM
+from bootstrap.demo import MAKE_INPUTS, SHIM, cpu
 from bootstrap.jobs import environment, load
 from bootstrap.jobs.plan import Plan, build
 from bootstrap.paths import REPO
@@ -128,11 +128,13 @@ class Tier:
         stamp.write_text(environment.digest(load.resolve(files).spec.environment) + "\n")
 
     def args(self, steps: int, *extra: str) -> list[str]:
-        """The CPU tier's --args for this host: its shim beside the host's own JAX on PYTHONPATH."""
+        """The CPU tier's --args for this host: its shim beside the host's own JAX on PYTHONPATH, and MaxText's own
+        grader pool (a VM's, which test_chip.py proves is built once)."""
         path = f"{SHIM}:{os.environ.get('PYTHONPATH', '')}"
         unrun = tuple(f"{job}." for job in ("convert", "train", "export") if job not in self.jobs_run)
+        kept = (arg for arg in overrides(self.inputs, steps, RELEASE) if arg != cpu.ONE_GRADER)
         return [
-            *(arg for arg in overrides(self.inputs, steps, RELEASE) if not (unrun and arg.startswith(unrun))),
+            *(arg for arg in kept if not (unrun and arg.startswith(unrun))),
             f"train.env.PYTHONPATH={path}",
             f"convert.env.PYTHONPATH={path}",
             f"train.env.JAX_DEBUG_LOG_MODULES={COMPILER}",  # JAX's own lines on its persistent cache
