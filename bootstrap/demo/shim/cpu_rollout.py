@@ -88,9 +88,10 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         # the first column any prompt uses; 0 (only the future left out) if the model does not mask the padding
         masks_padding = getattr(self._model, "_pad_id", None) == pad  # MaxText's adapter: pads get segment 0
         first = int((buffer[:, :prompt_len] != pad).argmax(axis=1).min()) if masks_padding else 0
+        windowed = jax.default_backend() == "cpu"  # on a chip a pass costs its launch, not its columns: one program
         for step in range(new_tokens):
             index = prompt_len + step
-            start, end = _window(first, index, buffer.shape[1])
+            start, end = _window(first, index, buffer.shape[1]) if windowed else (0, buffer.shape[1])
             window = buffer[:, start:end]
             mask = window != pad
             mask[:, index - start :] = False
