@@ -18,12 +18,12 @@ TUNIX = "0.1.7"  # PyPI's newest google-tunix, installed without its dependencie
 # MaxText too: 7 CPU-s), for a tiny model's handful of short answers a step. A CPU's setting: a chip's host keeps
 # MaxText's own.
 ONE_GRADER = "train.math_verify_num_procs=1"
-# The tiny model's widths: the converters take head_dim and the layer count (32) from their 8B table.
+# The tiny model's widths, make_inputs.py's: the converters take head_dim and the layer count (32) from their 8B table.
 TINY = (
     "override_model_config=True",
     "base_emb_dim=64",
-    "base_num_query_heads=4",
-    "base_num_kv_heads=2",
+    "base_num_query_heads=2",
+    "base_num_kv_heads=1",
     "head_dim=128",
     "base_mlp_dim=128",
     "vocab_size=512",

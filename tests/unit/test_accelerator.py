@@ -9,19 +9,15 @@ import shutil
 import pytest
 import yaml
 
+from bootstrap.demo import cpu
 from bootstrap.errors import UserError
 from bootstrap.jobs import accelerator, load, schema
 from bootstrap.jobs.plan import build, expected_environment
 from bootstrap.paths import REPO
 from tests.pulumi.program import Stack, run_program
 
-# The CPU tier's tiny model (tests/maxtext_cpu/conftest.py TINY): a run four or one v6e chips hold.
-TINY = [
-    f"{job}.{setting}"
-    for job in ("convert", "train", "export")
-    for setting in ("override_model_config=True", "base_emb_dim=64", "base_num_query_heads=4",
-                    "base_num_kv_heads=2", "head_dim=128", "base_mlp_dim=128", "vocab_size=512")
-]  # fmt: skip
+# The CPU tier's tiny model (bootstrap/demo/cpu.py): a run four or one v6e chips hold.
+TINY = [f"{job}.{setting}" for job in ("convert", "train", "export") for setting in cpu.TINY]
 GUIDE = {  # workload.md, section 3: what the guide sets for a ct6e-standard-8t
     "TPU_ACCELERATOR_TYPE": "v6e-8",
     "TPU_WORKER_ID": "0",
