@@ -19,15 +19,8 @@ TUNIX = "0.1.7"  # PyPI's newest google-tunix, installed without its dependencie
 # MaxText's own.
 ONE_GRADER = "train.math_verify_num_procs=1"
 # The tiny model's widths, make_inputs.py's: the converters take head_dim and the layer count (32) from their 8B table.
-TINY = (
-    "override_model_config=True",
-    "base_emb_dim=64",
-    "base_num_query_heads=2",
-    "base_num_kv_heads=1",
-    "head_dim=128",
-    "base_mlp_dim=128",
-    "vocab_size=512",
-)
+TINY = ("override_model_config=True", "base_emb_dim=64", "head_dim=128", "base_mlp_dim=128", "vocab_size=512")
+HEADS = (2, 1)  # its query and key-value heads, make_inputs.py's HEADS (why these: there)
 
 
 @dataclass(frozen=True)
@@ -89,11 +82,16 @@ def environment(venv: Path, version: str = VERSION, pins: tuple[str, ...] = ()) 
     }
 
 
-def model_overrides(inputs: Path, gsm8k: bool = True) -> list[str]:
-    """--args for the tiny model at `inputs` (make_inputs.py's layout): its widths, files and CPU sampler, and (for
-    the built-in task, `gsm8k`) its problems in place of the Hub's."""
+def widths(heads: tuple[int, int] = HEADS) -> tuple[str, ...]:
+    """The tiny model's settings, with `heads` (query, key-value) as make_inputs.py was given them."""
+    return (*TINY, f"base_num_query_heads={heads[0]}", f"base_num_kv_heads={heads[1]}")
+
+
+def model_overrides(inputs: Path, gsm8k: bool = True, heads: tuple[int, int] = HEADS) -> list[str]:
+    """--args for the tiny model at `inputs` (make_inputs.py's layout, made with `heads`): its widths, files and CPU
+    sampler, and (for the built-in task, `gsm8k`) its problems in place of the Hub's."""
     return [
-        *(f"{job}.{setting}" for job in ("convert", "train", "export") for setting in TINY),
+        *(f"{job}.{setting}" for job in ("convert", "train", "export") for setting in widths(heads)),
         f"vars.hf_home={inputs}/hf_home",
         "convert.--lazy_load_tensors=True",
         f"convert.--hf_model_path={inputs}/hf_model",

@@ -1,6 +1,6 @@
 """Make the tiny local inputs the real MaxText jobs run on, on CPU (about 2 s).
 
-    PYTHON make_inputs.py OUT_DIR      # PYTHON: a venv with safetensors, tokenizers, transformers, pyarrow
+    PYTHON make_inputs.py OUT_DIR [QUERY_HEADS KV_HEADS]  # PYTHON: safetensors, tokenizers, transformers, pyarrow
 
 OUT_DIR/hf_model/   a random Llama 3.1 of the real architecture's shape rules (32 layers,
                     head_dim 128: the converter takes both from its hard-coded 8B table) but tiny widths,
@@ -27,8 +27,10 @@ from transformers import PreTrainedTokenizerFast
 
 HF_ID = "meta-llama/Llama-3.1-8B-Instruct"
 SNAPSHOT = "0e9e39f249a16976918f6564b8830bc894c89659"
-# 2 query heads to 1 key-value head: the 8B's grouped-query attention, with half the attention work of 4 and 2
-HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 128, 32, 2, 1, 128, 512
+HIDDEN, INTERMEDIATE, LAYERS, HEAD_DIM, VOCAB = 64, 128, 32, 128, 512
+# 2 query heads share 1 key-value head (the 8B: 4 share each of 8): half the attention work of 4 and 2. The test
+# that checks the export's layout asks for 4 and 2, so that both head axes' order shows.
+HEADS = (2, 1)
 SPECIAL = [
     "<|begin_of_text|>",
     "<|end_of_text|>",
@@ -45,9 +47,9 @@ FORMAT_TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
 # The prior: embedding dimension 0 is CONSTANT_DIRECTION for every token, large enough to dominate the
 # residual stream, so after the final RMSNorm it is close to sqrt(HIDDEN) = 8 in every context, and each tag's
 # lm_head row turns it into a fixed logit bonus of about TAG_BIAS x 8 = 2.6. Measured with a numpy forward
-# pass of this model at the sampler's temperature 0.9: each tag is about 2.7% of the sampled tokens, so a
-# 32-token completion holds a given tag exactly once about a third of the time, and the completions of one
-# prompt earn different rewards; the bonus survives the first updates (a weak constant, 1.0, did not).
+# pass of this model (4 and 2 heads then) at the sampler's temperature 0.9: each tag is about 3% of the sampled
+# tokens, so a 32-token completion holds a given tag exactly once about a third of the time, and the completions
+# of one prompt earn different rewards; the bonus survives the first updates (a weak constant, 1.0, did not).
 # A random model without it samples a tag (three BPE pieces before add_tokens) almost never.
 CONSTANT_DIRECTION, TAG_BIAS = 8.0, 0.33
 # train_rl wraps every question in this (rl.yml's chat_template_path, gsm8k_rl.json); a tokenizer that
@@ -110,7 +112,7 @@ def write_tokenizer(folder: Path, corpus: list[str]) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def model_config(tokenizer: PreTrainedTokenizerFast) -> dict:
+def model_config(tokenizer: PreTrainedTokenizerFast, heads: tuple[int, int] = HEADS) -> dict:
     ids = tokenizer.convert_tokens_to_ids
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -118,8 +120,8 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> dict:
         "hidden_size": HIDDEN,
         "intermediate_size": INTERMEDIATE,
         "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
+        "num_attention_heads": heads[0],
+        "num_key_value_heads": heads[1],
         "head_dim": HEAD_DIM,
         "vocab_size": VOCAB,
         "max_position_embeddings": 2048,
@@ -133,18 +135,21 @@ def model_config(tokenizer: PreTrainedTokenizerFast) -> dict:
     }
 
 
-LAYER_SHAPES = {  # a Llama decoder layer's matrices, as Hugging Face names them
-    "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
-    "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-    "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-    "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
-    "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
-    "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
-    "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
-}
+def layer_shapes(heads: tuple[int, int]) -> dict[str, tuple[int, int]]:
+    """A Llama decoder layer's matrices, as Hugging Face names them, with `heads` (query, key-value)."""
+    query, key_value = heads
+    return {
+        "self_attn.q_proj.weight": (query * HEAD_DIM, HIDDEN),
+        "self_attn.k_proj.weight": (key_value * HEAD_DIM, HIDDEN),
+        "self_attn.v_proj.weight": (key_value * HEAD_DIM, HIDDEN),
+        "self_attn.o_proj.weight": (HIDDEN, query * HEAD_DIM),
+        "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+        "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+        "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+    }
 
 
-def save_llama(folder: Path, embed: np.ndarray, lm_head: np.ndarray, matrix) -> None:
+def save_llama(folder: Path, embed: np.ndarray, lm_head: np.ndarray, matrix, heads: tuple[int, int] = HEADS) -> None:
     """model.safetensors of LAYERS layers: `matrix(name, shape)` gives each layer matrix; the norms are ones."""
     tensors = {
         "model.embed_tokens.weight": embed,
@@ -153,7 +158,7 @@ def save_llama(folder: Path, embed: np.ndarray, lm_head: np.ndarray, matrix) -> 
     }
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        tensors |= {p + name: matrix(name, shape) for name, shape in LAYER_SHAPES.items()}
+        tensors |= {p + name: matrix(name, shape) for name, shape in layer_shapes(heads).items()}
         tensors |= {p + "input_layernorm.weight": np.ones(HIDDEN, np.float32)}
         tensors |= {p + "post_attention_layernorm.weight": np.ones(HIDDEN, np.float32)}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
@@ -170,7 +175,8 @@ def write_model(folder: Path, config: dict, tag_ids: list[int]) -> None:
     embed[:, 0] = CONSTANT_DIRECTION
     lm_head[:, 0] = 0.0
     lm_head[tag_ids, 0] = TAG_BIAS
-    save_llama(folder, embed, lm_head, lambda name, shape: weight(*shape))
+    heads = (config["num_attention_heads"], config["num_key_value_heads"])
+    save_llama(folder, embed, lm_head, lambda name, shape: weight(*shape), heads)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
 
 
@@ -195,14 +201,14 @@ def write_hub_cache(hf_home: Path, tokenizer_dir: Path, model_dir: Path, config:
     (snapshot / "generation_config.json").write_text(json.dumps(generation, indent=1))
 
 
-def main(out: Path) -> None:
+def main(out: Path, heads: tuple[int, int] = HEADS) -> None:
     texts = write_gsm8k(out / "gsm8k")
     tokenizer = write_tokenizer(out / "tokenizer", texts * 4 + [PROMPT_TEMPLATE] * 20)
-    config = model_config(tokenizer)
+    config = model_config(tokenizer, heads)
     write_model(out / "hf_model", config, tokenizer.convert_tokens_to_ids(FORMAT_TAGS))
     write_hub_cache(out / "hf_home", out / "tokenizer", out / "hf_model", config)
     print(out)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), tuple(int(n) for n in sys.argv[2:4]) or HEADS)

@@ -68,10 +68,10 @@ def environment(release: Release = DEFAULT) -> dict:
     return cpu.environment(release.venv, release.version, release.pins)
 
 
-def overrides(inputs: Path, num_batches: int = 4, release: Release = DEFAULT) -> list[str]:
-    """What a user passes with --arg to run the shipped jobs on the tiny model, on CPU."""
+def overrides(inputs: Path, num_batches: int = 4, release: Release = DEFAULT, heads=cpu.HEADS) -> list[str]:
+    """What a user passes with --arg to run the shipped jobs on the tiny model (made with `heads`), on CPU."""
     return [
-        *cpu.model_overrides(inputs),
+        *cpu.model_overrides(inputs, heads=heads),
         f"vars.num_batches={num_batches}",
         "train.max_prefill_predict_length=128",
         "train.max_target_length=160",

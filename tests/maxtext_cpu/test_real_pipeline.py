@@ -47,6 +47,9 @@ from tests.maxtext_cpu.conftest import (
 )
 
 STEPS = 4
+# Two key-value heads, each shared by two query heads (the tier's other runs: 2 share 1): compare_weights.py's own
+# reshape of each head axis then sees a converter that swaps heads or groups them wrongly.
+LAYOUT_HEADS = (4, 2)
 NEWEST = "0.2.5"  # the newest release in RELEASES; the shipped one's pipeline runs in test_real_loss and test_demo
 WANDB_KEY = "wandb-cpu-tier-" + "5" * 26
 UNREACHABLE = "http://127.0.0.1:9"  # W&B's server as the "VM" sees it: nothing listens there
@@ -67,8 +70,9 @@ def run(cpu_fab: Fab, release: Release, mlflow_server: str) -> Iterator[dict]:
     here and W&B out of reach from the "VM" (so offline); everything the tests below read."""
     set_up(cpu_fab, release)
     inputs = cpu_fab.tmp / "inputs"
-    subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
-    args = [word for override in overrides(inputs, STEPS, release) for word in ("--arg", override)]
+    heads = [str(n) for n in LAYOUT_HEADS]
+    subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs, *heads], check=True, capture_output=True)
+    args = [word for override in overrides(inputs, STEPS, release, LAYOUT_HEADS) for word in ("--arg", override)]
     args += ["--arg", f"train.env.WANDB_BASE_URL={UNREACHABLE}"]
     edit_yaml(
         cpu_fab.jobs / "pipeline.yaml", lambda data: data["results"].update(mlflow=mlflow_server, wandb=WANDB_PROJECT)

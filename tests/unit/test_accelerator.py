@@ -17,7 +17,7 @@ from bootstrap.paths import REPO
 from tests.pulumi.program import Stack, run_program
 
 # The CPU tier's tiny model (bootstrap/demo/cpu.py): a run four or one v6e chips hold.
-TINY = [f"{job}.{setting}" for job in ("convert", "train", "export") for setting in cpu.TINY]
+TINY = [f"{job}.{setting}" for job in ("convert", "train", "export") for setting in cpu.widths()]
 GUIDE = {  # workload.md, section 3: what the guide sets for a ct6e-standard-8t
     "TPU_ACCELERATOR_TYPE": "v6e-8",
     "TPU_WORKER_ID": "0",

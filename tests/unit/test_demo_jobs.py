@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import shutil
 
 import pytest
 import yaml
 from invoke import Context, Exit
 
-from bootstrap.demo import rehearsal
+from bootstrap.demo import MAKE_INPUTS, cpu, rehearsal
 from bootstrap.errors import UserError
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build, check_local
@@ -130,3 +132,33 @@ def test_a_bucket_a_users_job_names_itself_stops_the_demo_before_anything_runs(f
     with pytest.raises(Exit, match=r"the demo's jobs would use a bucket \(gs://my-bucket/data\)"):
         demo_tasks.demo(Context())
     assert not list(folder.state.glob("runs/*/*/log"))  # no job started
+
+
+def constants(path) -> dict:
+    """The module-level constants a script assigns (read, not imported: make_inputs.py needs MaxText's venv)."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            with contextlib.suppress(ValueError):
+                value = ast.literal_eval(node.value)
+                names = [target] if isinstance(target, ast.Name) else getattr(target, "elts", [])
+                values = [value] if isinstance(target, ast.Name) else value
+                found |= {name.id: v for name, v in zip(names, values, strict=True) if isinstance(name, ast.Name)}
+    return found
+
+
+def test_the_tiny_models_settings_are_the_widths_make_inputs_gives_it():
+    """cpu.py tells MaxText's jobs the widths make_inputs.py builds the model with: a width changed in one alone
+    would show only in the slow tier, as a converter's shape error."""
+    made = constants(MAKE_INPUTS)
+    settings = dict(setting.split("=") for setting in cpu.widths())
+    assert settings == {
+        "override_model_config": "True",
+        "base_emb_dim": str(made["HIDDEN"]),
+        "base_mlp_dim": str(made["INTERMEDIATE"]),
+        "head_dim": str(made["HEAD_DIM"]),
+        "vocab_size": str(made["VOCAB"]),
+        "base_num_query_heads": str(made["HEADS"][0]),
+        "base_num_kv_heads": str(made["HEADS"][1]),
+    }
