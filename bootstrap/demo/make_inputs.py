@@ -211,4 +211,6 @@ def main(out: Path, heads: tuple[int, int] = HEADS) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), tuple(int(n) for n in sys.argv[2:4]) or HEADS)
+    if len(sys.argv) not in (2, 4):
+        sys.exit(__doc__)
+    main(Path(sys.argv[1]), (int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) == 4 else HEADS)

@@ -68,7 +68,9 @@ def environment(release: Release = DEFAULT) -> dict:
     return cpu.environment(release.venv, release.version, release.pins)
 
 
-def overrides(inputs: Path, num_batches: int = 4, release: Release = DEFAULT, heads=cpu.HEADS) -> list[str]:
+def overrides(
+    inputs: Path, num_batches: int = 4, release: Release = DEFAULT, heads: tuple[int, int] = cpu.HEADS
+) -> list[str]:
     """What a user passes with --arg to run the shipped jobs on the tiny model (made with `heads`), on CPU."""
     return [
         *cpu.model_overrides(inputs, heads=heads),

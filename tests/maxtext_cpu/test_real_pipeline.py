@@ -48,7 +48,7 @@ from tests.maxtext_cpu.conftest import (
 
 STEPS = 4
 # Two key-value heads, each shared by two query heads (the tier's other runs: 2 share 1): compare_weights.py's own
-# reshape of each head axis then sees a converter that swaps heads or groups them wrongly.
+# reshape of each head axis then sees an export that swaps heads or groups them wrongly.
 LAYOUT_HEADS = (4, 2)
 NEWEST = "0.2.5"  # the newest release in RELEASES; the shipped one's pipeline runs in test_real_loss and test_demo
 WANDB_KEY = "wandb-cpu-tier-" + "5" * 26

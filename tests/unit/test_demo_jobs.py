@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -134,7 +135,7 @@ def test_a_bucket_a_users_job_names_itself_stops_the_demo_before_anything_runs(f
     assert not list(folder.state.glob("runs/*/*/log"))  # no job started
 
 
-def constants(path) -> dict:
+def constants(path: Path) -> dict[str, object]:
     """The module-level constants a script assigns (read, not imported: make_inputs.py needs MaxText's venv)."""
     found = {}
     for node in ast.parse(path.read_text()).body:
@@ -152,13 +153,14 @@ def test_the_tiny_models_settings_are_the_widths_make_inputs_gives_it():
     """cpu.py tells MaxText's jobs the widths make_inputs.py builds the model with: a width changed in one alone
     would show only in the slow tier, as a converter's shape error."""
     made = constants(MAKE_INPUTS)
-    settings = dict(setting.split("=") for setting in cpu.widths())
-    assert settings == {
-        "override_model_config": "True",
-        "base_emb_dim": str(made["HIDDEN"]),
-        "base_mlp_dim": str(made["INTERMEDIATE"]),
-        "head_dim": str(made["HEAD_DIM"]),
-        "vocab_size": str(made["VOCAB"]),
-        "base_num_query_heads": str(made["HEADS"][0]),
-        "base_num_kv_heads": str(made["HEADS"][1]),
-    }
+    assert sorted(cpu.widths()) == sorted(  # each setting once: a leftover second one would show
+        [
+            "override_model_config=True",
+            f"base_emb_dim={made['HIDDEN']}",
+            f"base_mlp_dim={made['INTERMEDIATE']}",
+            f"head_dim={made['HEAD_DIM']}",
+            f"vocab_size={made['VOCAB']}",
+            f"base_num_query_heads={made['HEADS'][0]}",
+            f"base_num_kv_heads={made['HEADS'][1]}",
+        ]
+    )
