@@ -22,13 +22,19 @@ from maxtext.configs import pyconfig, types
 from maxtext.trainers.post_train.rl import train_rl, utils_rl
 
 
-def optimizer_of(args: list[str]) -> tuple[int, optax.GradientTransformation]:
-    """(the run's updates, its optimizer), as the installed train_rl makes them."""
+def config_of(args: list[str]):
+    """train_rl's config from its arguments, as the installed train_rl reads them."""
     argv = [importlib.util.find_spec(train_rl.__name__).origin, *args]
     if hasattr(types, "RLConfig"):  # 0.2.4 on: train_rl's own config class, which counts the updates
-        config = pyconfig.initialize_pydantic(argv, config_class=types.RLConfig)
+        return pyconfig.initialize_pydantic(argv, config_class=types.RLConfig)
+    return pyconfig.initialize(argv)
+
+
+def optimizer_of(args: list[str]) -> tuple[int, optax.GradientTransformation]:
+    """(the run's updates, its optimizer), as the installed train_rl makes them."""
+    config = config_of(args)
+    if hasattr(types, "RLConfig"):
         return config.train_steps, utils_rl.get_optimizer(config)
-    config = pyconfig.initialize(argv)
     steps = train_rl.get_max_train_steps(config)
     return steps, utils_rl.get_optimizer(config, steps)
 

@@ -1,9 +1,8 @@
 """A plain-JAX rollout for train_rl on CPU, in place of MaxText's vLLM rollout (test environment only).
 
 tunix calls it through the `rollout_engine` hook for BaseRollout subclasses, which train_rl
-takes when `use_standalone_converter=true` (0.2.3) or always (0.2.4 on). It samples on the same
-actor model the trainer updates, with one forward pass per generated token (no KV cache) over a window of
-the buffer: slow, but small models on CPU need no more.
+takes when `use_standalone_converter=true` (0.2.3) or always (0.2.4 on). It samples from the weights
+the trainer updates, with a key-value cache (llama_decode.py): the prompt in one pass, then one column per token.
 """
 
 from __future__ import annotations
@@ -11,25 +10,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-import jax
 import jax.numpy as jnp
+import llama_decode  # beside this file, on the shim's PYTHONPATH
 import numpy as np
 from flax import nnx
 from tunix.generate import tokenizer_adapter
 from tunix.rl import common
 from tunix.rl.rollout import base_rollout
-
-
-def _next_token_logits(graphdef):
-    """The forward pass of the model `graphdef` describes, on its weights given each call: the model is walked
-    once per generate, not once per token (nnx.jit's split and merge of every call took a third of the rollout)."""
-
-    @jax.jit
-    def logits_at(state, tokens, positions, index):
-        logits, _ = nnx.merge(graphdef, state)(tokens, positions, None, None)
-        return jax.lax.dynamic_index_in_dim(logits, index - 1, axis=1, keepdims=False)
-
-    return logits_at
 
 
 def _seed(prompts) -> int:
@@ -45,16 +32,7 @@ def _sample(rng, probs):
     return rng.choice(len(probs), p=probs / probs.sum()) if np.isfinite(probs).all() and probs.sum() > 0 else 0
 
 
-WINDOW_STEP = 16  # window lengths are multiples of this: a compile per length, not per token
-
-
-def _window(first: int, index: int, length: int) -> tuple[int, int]:
-    """The columns [start, end) of a buffer of `length` whose forward pass gives the logits at `index - 1` (the
-    same up to float rounding): from `first` on, the columns before it being padding the model masks (a few more
-    where the window meets the buffer's end), to `index`, rounded up to WINDOW_STEP columns the causal mask hides."""
-    size = min(length, -(-(index - first) // WINDOW_STEP) * WINDOW_STEP)
-    start = min(first, length - size)
-    return start, start + size
+PREFILL_STEP = 16  # the prompt columns a generate reads are a multiple of this: a compile per length, not per batch
 
 
 class MaxTextVllmRollout(base_rollout.BaseRollout):
@@ -65,7 +43,6 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
             tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
         self._tokenizer = tokenizer
-        self._forward = None  # (the model's GraphDef, its forward pass), made at the first generate
 
     def generate(self, prompts, rollout_config, **kwargs) -> base_rollout.RolloutOutput:
         if isinstance(prompts, str):
@@ -81,25 +58,23 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         logprobs = np.zeros((len(prompts), new_tokens), dtype=np.float32)
         temperature = float(rollout_config.temperature or 0.0)
         rng = np.random.default_rng(_seed(prompts))
-        graphdef, state = nnx.split(self._model)  # this call's weights: the trainer updates them between calls
-        if self._forward is None or self._forward[0] != graphdef:  # made again if the model's structure changed
-            self._forward = (graphdef, _next_token_logits(graphdef))
-        logits_at = self._forward[1]
+        params = llama_decode.weights(nnx.state(self._model))  # this call's weights: the trainer updates them
+        shape = llama_decode.Shape.of(self._model.base.config)
         # the first column any prompt uses; 0 (only the future left out) if the model does not mask the padding
         masks_padding = getattr(self._model, "_pad_id", None) == pad  # MaxText's adapter: pads get segment 0
         first = int((buffer[:, :prompt_len] != pad).argmax(axis=1).min()) if masks_padding else 0
-        windowed = jax.default_backend() == "cpu"  # on a chip a pass costs its launch, not its columns: one program
+        prefill = min(prompt_len, -(-(prompt_len - first) // PREFILL_STEP) * PREFILL_STEP)
+        window = buffer[:, prompt_len - prefill :]  # a view: the tokens chosen are written into buffer
+        cache = llama_decode.empty_cache(params, len(prompts), window.shape[1], shape)
         for step in range(new_tokens):
-            index = prompt_len + step
-            start, end = _window(first, index, buffer.shape[1]) if windowed else (0, buffer.shape[1])
-            window = buffer[:, start:end]
-            mask = window != pad
-            mask[:, index - start :] = False
-            positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
-            logits = np.asarray(
-                logits_at(state, jnp.asarray(window), jnp.asarray(positions), index - start), dtype=np.float32
+            start, end = (0, prefill) if step == 0 else (prefill + step - 1, prefill + step)
+            real = window != pad
+            positions = np.maximum(np.cumsum(real, axis=1) - 1, 0)[:, start:end].astype(np.int32)
+            visible = real if masks_padding else np.ones_like(real)
+            logits, cache = llama_decode.forward(
+                params, cache, jnp.asarray(window[:, start:end]), jnp.asarray(positions), start, visible, shape=shape
             )
-            log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+            log_probs = np.asarray(logits) - np.logaddexp.reduce(np.asarray(logits), axis=-1, keepdims=True)
             if temperature > 0:
                 scaled = log_probs / temperature
                 probs = np.exp(scaled - np.logaddexp.reduce(scaled, axis=-1, keepdims=True))
@@ -107,7 +82,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
             else:
                 chosen = log_probs.argmax(axis=-1).astype(np.int32)
             chosen = np.where(finished, pad, chosen)
-            buffer[:, index] = chosen
+            window[:, prefill + step] = chosen
             logprobs[:, step] = log_probs[np.arange(len(prompts)), chosen]
             finished |= np.isin(chosen, list(stops))
             if finished.all():
