@@ -1,8 +1,10 @@
 """The CPU sampler (bootstrap/demo/shim/: a key-value-cache decoder in place of vLLM) computes the trainer's model, for
 each release in conftest.RELEASES: each token it samples has the log-probability MaxText's own forward pass gives it.
 
-In float32 on a model of MaxText's random initialization (sampler_agrees.py says why not the tier's inputs), so that
-what is left is float32 rounding: a sampler without Llama 3.1's rotary rescaling missed by 200 times the limit or more."""
+In float32, on a model of MaxText's random initialization with each weight perturbed (sampler_agrees.py says why not
+the tier's inputs) and 4 query heads sharing 2 key-value heads (so that their grouping shows), what is left is float32
+rounding. A sampler without Llama 3.1's rotary rescaling missed by over 300 times the limit; one that grouped the heads
+wrongly, swapped the norms or dropped the final norm's scale, by over 8,000 times."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def test_the_cpu_sampler_gives_each_token_the_log_probability_maxtext_does(cpu_f
     subprocess.run([release.venv / "bin" / "python", MAKE_INPUTS, inputs], check=True, capture_output=True)
     args = [
         "model_name=llama3.1-8b-Instruct",
-        *cpu.widths(),
+        *cpu.widths((4, 2)),
         "max_prefill_predict_length=128",
         "max_target_length=160",
         "dtype=float32",

@@ -8,6 +8,7 @@ the trainer updates, with a key-value cache (llama_decode.py): the prompt in one
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any
 
 import jax.numpy as jnp
@@ -32,11 +33,17 @@ def _sample(rng, probs):
     return rng.choice(len(probs), p=probs / probs.sum()) if np.isfinite(probs).all() and probs.sum() > 0 else 0
 
 
-PREFILL_STEP = 16  # the prompt columns a generate reads are a multiple of this: a compile per length, not per batch
+PREFILL_STEP = 16  # the prompt columns a generate reads: a multiple of this, or all of them (a compile per length)
+
+
+def _masks_padding(model, pad: int) -> bool:
+    """Whether the trainer's forward pass keeps padding out of attention, as the sampler must too: tunix gives its
+    segment ids to an adapter that takes them (MaxText 0.2.5's); an older one makes them from its own pad id."""
+    return "segment_ids" in inspect.signature(model.__call__).parameters or getattr(model, "_pad_id", None) == pad
 
 
 class MaxTextVllmRollout(base_rollout.BaseRollout):
-    """The name train_rl imports; the engine is a greedy or temperature sampler in JAX."""
+    """The name train_rl imports: greedy or temperature sampling (numpy) from a JAX forward pass with a cache."""
 
     def __init__(self, rollout_actor: Any, tokenizer: Any, mesh=None, rollout_config=None, maxtext_config=None, **_):
         self._model = rollout_actor
@@ -61,7 +68,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         params = llama_decode.weights(nnx.state(self._model))  # this call's weights: the trainer updates them
         shape = llama_decode.Shape.of(self._model.base.config)
         # the first column any prompt uses; 0 (only the future left out) if the model does not mask the padding
-        masks_padding = getattr(self._model, "_pad_id", None) == pad  # MaxText's adapter: pads get segment 0
+        masks_padding = _masks_padding(self._model, pad)
         first = int((buffer[:, :prompt_len] != pad).argmax(axis=1).min()) if masks_padding else 0
         prefill = min(prompt_len, -(-(prompt_len - first) // PREFILL_STEP) * PREFILL_STEP)
         window = buffer[:, prompt_len - prefill :]  # a view: the tokens chosen are written into buffer
@@ -70,9 +77,9 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
             start, end = (0, prefill) if step == 0 else (prefill + step - 1, prefill + step)
             real = window != pad
             positions = np.maximum(np.cumsum(real, axis=1) - 1, 0)[:, start:end].astype(np.int32)
-            visible = real if masks_padding else np.ones_like(real)
+            segments = real if masks_padding else np.ones_like(real)  # MaxText's decoder_segment_ids: pads get 0
             logits, cache = llama_decode.forward(
-                params, cache, jnp.asarray(window[:, start:end]), jnp.asarray(positions), start, visible, shape=shape
+                params, cache, jnp.asarray(window[:, start:end]), jnp.asarray(positions), start, segments, shape=shape
             )
             log_probs = np.asarray(logits) - np.logaddexp.reduce(np.asarray(logits), axis=-1, keepdims=True)
             if temperature > 0:

@@ -19,6 +19,21 @@ import jax.numpy as jnp
 import numpy as np
 
 LAYER_WEIGHTS = ("attention_norm", "query", "key", "value", "out", "mlp_norm", "gate", "up", "down")
+# The settings of MaxText's config that would change the function, at the values this decoder computes.
+DEFAULTS = {
+    "scan_layers": True,
+    "param_scan_axis": 1,
+    "attn_logits_soft_cap": None,
+    "final_logits_soft_cap": None,
+    "float32_qk_product": False,
+    "float32_logits": False,
+    "activations_in_float32": False,
+    "logits_dot_in_fp32": False,
+    "logits_via_embedding": False,
+    "use_qk_norm": False,
+    "quantization": "",
+    "mlp_activations": ["silu", "linear"],
+}
 MASKED = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
 
 
@@ -33,10 +48,13 @@ class Shape(NamedTuple):
 
     @classmethod
     def of(cls, config) -> Shape:
-        """From the model's MaxText config; only the Llama 3.1 decoder is written here."""
+        """From the model's MaxText config; only the Llama 3.1 decoder, with MaxText's defaults, is written here."""
         block = str(config.decoder_block).lower()
         if "llama2" not in block or not config.model_name.startswith("llama3.1"):
             raise NotImplementedError(f"the CPU sampler decodes Llama 3.1 only, not {config.model_name} ({block})")
+        changed = {key: getattr(config, key) for key, value in DEFAULTS.items() if getattr(config, key) != value}
+        if changed:
+            raise NotImplementedError(f"the CPU sampler computes MaxText's defaults, not {changed}")
         dtype = jnp.dtype(config.dtype)
         return cls(
             dtype,
@@ -48,32 +66,29 @@ class Shape(NamedTuple):
 
 
 def weights(state) -> dict[str, jax.Array]:
-    """The arrays of the model's nnx state (MaxText 0.2.3 and 0.2.5 lay them out alike), layers first."""
+    """The arrays of the model's nnx state (MaxText 0.2.3 and 0.2.5 lay them out alike); the layers' are stacked on
+    axis 1 (param_scan_axis)."""
     decoder = state["base"]["decoder"]
     layers, attention, mlp = decoder["layers"], decoder["layers"]["self_attention"], decoder["layers"]["mlp"]
-
-    def stacked(variable):  # MaxText scans its layers on axis 1 (param_scan_axis)
-        return jnp.moveaxis(variable.value, 1, 0)
-
     return {
         "embedding": state["base"]["token_embedder"]["embedding"].value,
         "final_norm": decoder["decoder_norm"]["scale"].value,
         "logits": decoder["logits_dense"]["kernel"].value,
-        "attention_norm": stacked(layers["pre_self_attention_layer_norm"]["scale"]),
-        "query": stacked(attention["query"]["kernel"]),
-        "key": stacked(attention["key"]["kernel"]),
-        "value": stacked(attention["value"]["kernel"]),
-        "out": stacked(attention["out"]["kernel"]),
-        "mlp_norm": stacked(layers["post_self_attention_layer_norm"]["scale"]),
-        "gate": stacked(mlp["wi_0"]["kernel"]),
-        "up": stacked(mlp["wi_1"]["kernel"]),
-        "down": stacked(mlp["wo"]["kernel"]),
+        "attention_norm": layers["pre_self_attention_layer_norm"]["scale"].value,
+        "query": attention["query"]["kernel"].value,
+        "key": attention["key"]["kernel"].value,
+        "value": attention["value"]["kernel"].value,
+        "out": attention["out"]["kernel"].value,
+        "mlp_norm": layers["post_self_attention_layer_norm"]["scale"].value,
+        "gate": mlp["wi_0"]["kernel"].value,
+        "up": mlp["wi_1"]["kernel"].value,
+        "down": mlp["wo"]["kernel"].value,
     }
 
 
 def empty_cache(params: dict[str, jax.Array], rows: int, columns: int, shape: Shape) -> tuple[jax.Array, jax.Array]:
     """Keys and values for `columns` columns of `rows` rows, each [layers, rows, columns, kv_heads, head_dim]."""
-    layers, _, kv_heads, head_dim = params["key"].shape
+    _, layers, kv_heads, head_dim = params["key"].shape
     return tuple(jnp.zeros((layers, rows, columns, kv_heads, head_dim), shape.dtype) for _ in range(2))
 
 
@@ -121,16 +136,16 @@ def _attention(query, keys, values, visible, dtype):
 
 
 @functools.partial(jax.jit, static_argnames="shape", donate_argnames="cache")
-def forward(params, cache, tokens, positions, start, visible_keys, shape: Shape):
+def forward(params, cache, tokens, positions, start, segments, shape: Shape):
     """The logits of the last of `tokens` [rows, columns], which sit at cache columns [start, start + columns);
-    their keys and values go into `cache`, updated in place. visible_keys [rows, cache columns]: the columns a
-    token may attend to (MaxText masks padding by segment), of which each sees those up to its own.
-    Returns (logits, cache)."""
+    their keys and values go into `cache`, updated in place. segments [rows, cache columns]: each column's segment
+    (MaxText's decoder_segment_ids); a column sees the columns up to its own in its segment. Returns (logits, cache)."""
     dtype = shape.dtype
     x = params["embedding"].astype(dtype)[tokens]
     columns = tokens.shape[1]
     causal = jnp.arange(cache[0].shape[2])[None, :] <= (start + jnp.arange(columns))[:, None]
-    visible = causal[None] & visible_keys[:, None, :]
+    own = jax.lax.dynamic_slice_in_dim(segments, start, columns, axis=1)
+    visible = causal[None] & (own[:, :, None] == segments[:, None, :])
 
     def layer(carry, w):
         x, keys, values, index = carry
@@ -147,7 +162,7 @@ def forward(params, cache, tokens, positions, start, visible_keys, shape: Shape)
         hidden = (gate * jnp.einsum("bte,em->btm", h, w["up"].astype(dtype))).astype(dtype)
         return (x + jnp.einsum("btm,me->bte", hidden, w["down"].astype(dtype)), keys, values, index + 1), None
 
-    layers = {name: params[name] for name in LAYER_WEIGHTS}
+    layers = {name: jnp.moveaxis(params[name], 1, 0) for name in LAYER_WEIGHTS}  # scanned on axis 0
     (x, keys, values, _), _ = jax.lax.scan(layer, (x, *cache, 0), layers)
     last = _rms_norm(x[:, -1], params["final_norm"], shape)
     return jnp.einsum("be,ev->bv", last, params["logits"].astype(dtype)).astype(jnp.float32), (keys, values)
