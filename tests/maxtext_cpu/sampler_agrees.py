@@ -7,8 +7,9 @@ then scaled by 1 + 0.3 N(0, 1): the tier's inputs have weights so small that att
 sampler that did not rotate its keys agreed with the trainer as well as a right one), and MaxText's norm scales start
 at ones (under which swapped or missing scales agree). The rollout (shim/cpu_rollout.py) samples from prompts of
 different lengths, left-padded as train_rl gives them (greedily, then at temperature 1 beside a prompt cut to the
-prompt area); tunix scores each sampled token with the model's full forward pass, as the trainer does. Prints JSON: "most" and "mean", the largest and the mean difference of a
-sampled token's log-probability; "spread", the standard deviation of those log-probabilities; "tokens", how many.
+prompt area); tunix scores each sampled token with the model's full forward pass, as the trainer does. Prints
+JSON: "most" and "mean", the largest and the mean difference of a sampled token's log-probability; "spread", the
+standard deviation of those log-probabilities; "tokens", how many.
 """
 
 from __future__ import annotations

@@ -38,8 +38,14 @@ PREFILL_STEP = 16  # the prompt columns a generate reads: a multiple of this, or
 
 def _masks_padding(model, pad: int) -> bool:
     """Whether the trainer's forward pass keeps padding out of attention, as the sampler must too: tunix gives its
-    segment ids to an adapter that takes them (MaxText 0.2.5's); an older one makes them from its own pad id."""
-    return "segment_ids" in inspect.signature(model.__call__).parameters or getattr(model, "_pad_id", None) == pad
+    segment ids to a model whose __call__ takes `segment_ids` or **kwargs (MaxText 0.2.5's adapter); an older adapter
+    makes them from its own pad id."""
+    try:
+        taken = inspect.signature(model.__call__).parameters.values()
+    except (TypeError, ValueError):
+        taken = []
+    takes_segments = any(p.name == "segment_ids" or p.kind is inspect.Parameter.VAR_KEYWORD for p in taken)
+    return takes_segments or getattr(model, "_pad_id", None) == pad
 
 
 class MaxTextVllmRollout(base_rollout.BaseRollout):
@@ -98,8 +104,7 @@ class MaxTextVllmRollout(base_rollout.BaseRollout):
         for row in range(len(prompts)):
             generated = buffer[row, prompt_len:]
             ends = np.flatnonzero(np.isin(generated, list(stops)))
-            length = int(ends[0]) + 1 if ends.size else int((generated != pad).sum())
-            length = max(length, 1)
+            length = int(ends[0]) + 1 if ends.size else new_tokens  # a row with no stop ran every step
             tokens.append(generated[:length].copy())
             token_logprobs.append(logprobs[row, :length].copy())
             texts.append(self._tokenizer.decode(generated[:length].tolist()))

@@ -22,6 +22,7 @@ LAYER_WEIGHTS = ("attention_norm", "query", "key", "value", "out", "mlp_norm", "
 # The settings of MaxText's config that would change the function, at the values this decoder computes.
 DEFAULTS = {
     "scan_layers": True,
+    "dropout_rate": 0.0,
     "param_scan_axis": 1,
     "attn_logits_soft_cap": None,
     "final_logits_soft_cap": None,
@@ -30,7 +31,6 @@ DEFAULTS = {
     "activations_in_float32": False,
     "logits_dot_in_fp32": False,
     "logits_via_embedding": False,
-    "use_qk_norm": False,
     "quantization": "",
     "mlp_activations": ["silu", "linear"],
 }
