@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 
 import pytest
 
@@ -13,6 +14,11 @@ from tests import computestub, gcsemulator, gcslayer
 # (fab; each campaign case's driver, runners and tools; MaxText's validator) would compile its modules again: they
 # keep their bytecode, as on a user's machine and a VM. Read as a Python starts: xdist's workers start after this.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# Tests press Ctrl-C (SIGINT) on what they start, as a terminal would. A shell starts a background command with SIGINT
+# ignored, and an ignored signal stays ignored in every child: `pytest &` would then test a Ctrl-C that did nothing
+# (fab tensorboard never ended). The default again, here and so in what the tests start (xdist's workers included).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ONE_WORKER = ("tests/unit/test_tracking.py",)  # modules run whole on one worker: their fixtures are costly
 RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
