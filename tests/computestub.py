@@ -1,6 +1,6 @@
-"""The two Compute Engine API calls fab makes, on 127.0.0.1: instances.getGuestAttributes and instances.get.
-
-The real google-cloud-compute client talks to it through TPU_RL_COMPUTE_API. Each
+"""The two Compute Engine API calls fab makes, on 127.0.0.1: instances.getGuestAttributes and instances.get, at the
+REST paths and in the JSON of the real API (as the google-cloud-compute client sends and reads them); fab's GETs
+reach it through TPU_RL_COMPUTE_API. Each
 instance publishes its host keys (or nothing yet: 404, as before the guest agent ran)
 and has an id and a status (no record: 404, a deleted VM). A test's stand-in `pulumi up`,
 another process, changes an instance with PUT or DELETE on /stub/instances/NAME.
@@ -28,6 +28,7 @@ class Compute:
     not_yet: dict[str, int] = field(default_factory=dict)  # instance -> answers to give as "not published"
     instances: dict[str, dict] = field(default_factory=dict)  # instance -> {"id": ..., "status": ...}
     requests: list[str] = field(default_factory=list)
+    refuse: dict[str, tuple[int, str]] = field(default_factory=dict)  # instance -> the API's error status and reason
     url: str = ""
 
 
@@ -58,6 +59,10 @@ def _handler(compute: Compute):
             self.answer(200, {})
 
         def do_GET(self):
+            named = GET.match(self.path) or PATH.match(self.path)
+            if named and named.group(3) in compute.refuse:
+                status, reason = compute.refuse[named.group(3)]
+                return self.answer(status, {"error": {"code": status, "message": reason}})
             if got := GET.match(self.path):
                 instance = got.group(3)
                 if instance not in compute.instances:

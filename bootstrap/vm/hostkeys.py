@@ -99,31 +99,25 @@ def published_keys(project: str, zone: str, instance: str) -> list[tuple[str, st
 
     Empty when the VM has not published them yet.
     """
-    from google.cloud import compute_v1
-
-    request = compute_v1.GetGuestAttributesInstanceRequest(
-        project=project, zone=zone, instance=instance, query_path="hostkeys/"
-    )
     answer = compute.ask(
         f"{instance}'s SSH host keys (its guest attributes, where they are pinned from)",
         "compute.instances.getGuestAttributes",
         project,
-        lambda: compute.instances_client().get_guest_attributes(request=request, timeout=30),
-        None,
+        f"zones/{zone}/instances/{instance}/getGuestAttributes",
+        {"queryPath": "hostkeys/"},
     )
-    if answer is None:
-        return []
     keys = []
-    for item in answer.query_value.items:
-        if item.namespace != "hostkeys" or item.key != PINNED_TYPE:
+    for item in ((answer or {}).get("queryValue") or {}).get("items") or []:
+        value = str(item.get("value") or "")
+        if item.get("namespace") != "hostkeys" or item.get("key") != PINNED_TYPE:
             continue
         try:
-            blob = base64.b64decode(item.value, validate=True)
-            paramiko.PKey.from_type_string(item.key, blob)  # a key of its type, not only base64
+            blob = base64.b64decode(value, validate=True)
+            paramiko.PKey.from_type_string(PINNED_TYPE, blob)  # a key of its type, not only base64
         except (binascii.Error, paramiko.SSHException, ValueError):
             continue
-        if base64.b64encode(blob).decode() == item.value.strip():
-            keys.append((item.key, item.value.strip()))
+        if base64.b64encode(blob).decode() == value.strip():
+            keys.append((PINNED_TYPE, value.strip()))
     return keys
 
 
