@@ -27,11 +27,12 @@ import threading
 import traceback
 
 try:
-    from . import attempts, eval_sample, gcs, health, health_hooks, jobrunner, wandb_run  # on the laptop
+    from . import attempts, eval_sample, gcs, grader_worker, health, health_hooks, jobrunner, wandb_run  # on the laptop
 except ImportError:
     import attempts  # on the VM and in a pod: beside this script in the tools folder
     import eval_sample
     import gcs
+    import grader_worker
     import health
     import health_hooks  # tunix and MaxText themselves imported only as the hooks go in, in train's process
     import jobrunner
@@ -39,7 +40,7 @@ except ImportError:
 
 TASK_ENV = "TPU_RL_TASK"  # a task of your own: its folder on the VM (jobs/task.py)
 
-GRADER_POOL = "maxtext.trainers.post_train.rl.math_verify_pool"
+GRADER_POOL = grader_worker.GRADER_POOL
 
 
 def steady_grader_pool() -> None:
@@ -66,10 +67,11 @@ def steady_grader_pool() -> None:
 
 def light_grader_workers() -> None:
     """A spawned process first runs its parent's __main__ again: here train_rl's module, in every grader worker,
-    at each build and each replacement (every 100th task), though a worker needs only the grader's module (0.2.3's
-    maxtext package still loads jax and MaxText there; 0.2.5's loads them lazily). The grader's own pool skips it:
-    the workers spawned while it is built, and those its worker handler starts in place of retired ones. Any other
-    pool is spawned as before (0.2.5's train_rl pickles its reward class for tunix's pool by __main__)."""
+    at each build and each replacement (every 100th task), though a worker needs only the grader's module. The
+    grader's own pool runs grader_worker.py in its place, which also spares the worker the grader's packages'
+    __init__ (0.2.3's load JAX and MaxText; 0.2.5's load them lazily): the workers spawned while it is built, and
+    those its worker handler starts in place of retired ones. Any other pool is spawned as before (0.2.5's train_rl
+    pickles its reward class for tunix's pool by __main__)."""
     grader = sys.modules.get(GRADER_POOL)  # loaded by steady_grader_pool where MaxText's RL trainer is
     get_pool = getattr(grader, "_get_pool", None)
     if get_pool is None:
@@ -86,7 +88,7 @@ def light_grader_workers() -> None:
         data = prepare(name)
         if for_the_grader():
             data.pop("init_main_from_name", None)
-            data.pop("init_main_from_path", None)
+            data["init_main_from_path"] = os.path.abspath(grader_worker.__file__)
         return data
 
     def built_light(num_procs: int):

@@ -62,6 +62,7 @@ TOOLS = (
     "health.py",
     "health_hooks.py",
     "eval_sample.py",
+    "grader_worker.py",
 )
 FACTS_COMMAND = shlex.join(["python3", "-I", "-c", (REMOTE_SCRIPTS / "facts.py").read_text()])  # answers `ask`
 CHUNK = 64 * 1024

@@ -70,6 +70,7 @@ def test_the_grader_pool_is_built_once_whatever_each_call_grades(python, launche
 
 ENTRY = """
 import json, os, sys
+from pathlib import Path
 with open(sys.argv[1], "a") as f:  # each process that runs this module: train's, and a worker that runs it again
     f.write(f"{os.getpid()}\\n")
 if __name__ == "__main__":
@@ -88,13 +89,19 @@ if __name__ == "__main__":
     grader._MAX_TASKS_PER_CHILD = 1  # each worker retires after one item: its pool's handler starts another
     items = [(i, ["\\\\boxed{7}"], ["\\\\boxed{7}"]) for i in range(4)]
     assert grader.math_verify_pool(Config(), items, [0.0] * 4, timeout=120) == [1.0] * 4
-    print(json.dumps({"train": os.getpid(), "started": len(started), "size": len(grader._POOL._pool)}))
+    size = len(grader._POOL._pool)
+    # what each process maps: JAX's compiled core, once MaxText's packages loaded it (a worker reads its own, after
+    # its start; each of these runs in a replacement, as each worker retires after one task)
+    maps = [Path("/proc/self/maps").read_text(), *grader._POOL.map(Path.read_text, [Path("/proc/self/maps")] * 2)]
+    print(json.dumps({"train": os.getpid(), "started": len(started), "size": size,
+                      "jax": ["jaxlib" in mapped for mapped in maps]}))
 """
 
 
 def test_the_graders_workers_never_run_trains_module_again(python, tmp_path):
     """A module in train_rl's place, through the launcher as train runs: MaxText's grader starts its workers, and
-    others in place of those that retired, and only train's own process ran the module."""
+    others in place of those that retired; only train's own process ran the module, and none of the workers loaded
+    MaxText's packages (0.2.3's load JAX: 8 CPU-s in each worker, at each build and replacement)."""
     (tmp_path / "entry.py").write_text(ENTRY)
     ran = tmp_path / "ran"
     result = subprocess.run(
@@ -105,3 +112,4 @@ def test_the_graders_workers_never_run_trains_module_again(python, tmp_path):
     found = json.loads(result.stdout.splitlines()[-1])
     assert found["started"] > found["size"] > 0, found  # workers started when the pool was built, and replacements
     assert ran.read_text().split() == [str(found["train"])], (ran.read_text(), found)
+    assert found["jax"] == [True, False, False], found  # the grader's import loaded JAX in train, in no worker
