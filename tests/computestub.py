@@ -28,7 +28,7 @@ class Compute:
     not_yet: dict[str, int] = field(default_factory=dict)  # instance -> answers to give as "not published"
     instances: dict[str, dict] = field(default_factory=dict)  # instance -> {"id": ..., "status": ...}
     requests: list[str] = field(default_factory=list)
-    refuse: dict[str, tuple[int, str]] = field(default_factory=dict)  # instance -> the API's error status and reason
+    refuse: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # instance -> the next answers: errors
     url: str = ""
 
 
@@ -54,14 +54,17 @@ def _handler(compute: Compute):
             compute.instances[name] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             self.answer(200, compute.instances[name])
 
+        def do_POST(self):  # an OAuth token server that refuses every refresh token
+            self.answer(400, {"error": "invalid_grant", "error_description": "Token has been expired or revoked."})
+
         def do_DELETE(self):
             compute.instances.pop(CONTROL.match(self.path).group(1), None)
             self.answer(200, {})
 
         def do_GET(self):
             named = GET.match(self.path) or PATH.match(self.path)
-            if named and named.group(3) in compute.refuse:
-                status, reason = compute.refuse[named.group(3)]
+            if named and compute.refuse.get(named.group(3)):
+                status, reason = compute.refuse[named.group(3)].pop(0)
                 return self.answer(status, {"error": {"code": status, "message": reason}})
             if got := GET.match(self.path):
                 instance = got.group(3)

@@ -71,7 +71,8 @@ def loopback_host(root: Path, extra_env: dict[str, str] | None = None, sftp: boo
     (root / "authorized_keys").write_text((root / "user_key.pub").read_text())
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    (bin_dir / "uv").symlink_to(shutil.which("uv") or Path(sys.executable).with_name("uv"))
+    pinned = Path(sys.executable).with_name("uv")  # requirements-dev's: the stand-in's build backend is its version's
+    (bin_dir / "uv").symlink_to(pinned if pinned.exists() else shutil.which("uv"))
 
     port = _free_port()
     config = root / "sshd_config"

@@ -26,54 +26,90 @@ RUNNING = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")  # on its way up, 
 # for RUNNING and stops on any state it does not list, this one included (docs/maintainers.md: the first pulumi up).
 WAITING = "PENDING"
 TIMEOUT_SECONDS = 30
+# A 429 or 5xx is asked again, waiting 0.5, 1, 2 then 4 s (or what Retry-After says), as the client library did.
+RETRIES, BACKOFF_SECONDS = 4, 0.5
+LOGIN = "run `gcloud auth application-default login`"
 
 
 def ask(what: str, permission: str, project: str, path: str, params: dict | None = None) -> dict | None:
     """GET compute/v1/projects/`project`/`path` as JSON, its failures in one line each; None when the API answers
     404. `what` and `permission` name the read in those lines."""
-    with beside.importing():  # also called in the dial's thread (vm/dial.py)
+    with beside.importing():  # also called in the dial's thread (vm/dial.py); google.auth imports as it reads
         import requests
-        from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
+        from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError, RefreshError, TransportError
 
-    endpoint = os.environ.get(COMPUTE_API_ENV)
-    url = f"{endpoint or API}/compute/v1/projects/{project}/{path}"
-    login = "run `gcloud auth application-default login`"
+        try:
+            session = _session()
+        except DefaultCredentialsError as err:  # none found, or a GOOGLE_APPLICATION_CREDENTIALS file it cannot read
+            raise UserError(f"no Google credentials to read {what} ({err}): {LOGIN}") from None
+    url = f"{os.environ.get(COMPUTE_API_ENV) or API}/compute/v1/projects/{project}/{path}"
+    failed = f"the Compute Engine API failed reading {what}"
     try:
-        answer = (requests if endpoint else _session()).get(url, params=params, timeout=TIMEOUT_SECONDS)
-    except DefaultCredentialsError:
-        raise UserError(f"no Google credentials to read {what}: {login}") from None
-    except GoogleAuthError as err:  # expired or revoked application-default credentials
-        raise UserError(f"your Google credentials failed reading {what} ({err}): {login}") from None
-    except requests.RequestException as err:  # the network: again later
-        raise VmUnavailable(f"the Compute Engine API failed reading {what}: {err}") from None
+        answer = session.get(url, params=params, timeout=TIMEOUT_SECONDS)
+    except (TransportError, requests.RequestException) as err:  # the network, asking or refreshing the token: later
+        raise VmUnavailable(f"{failed}: {err}") from None
+    except GoogleAuthError as err:  # expired or revoked application-default credentials, or the token server now
+        said = str(err.args[0]) if err.args else str(err)  # a RefreshError's first is its line, then the answer
+        if isinstance(err, RefreshError) and err.retryable:
+            raise VmUnavailable(f"{failed}: {said}") from None
+        raise UserError(f"your Google credentials failed reading {what} ({said}): {LOGIN}") from None
+    finally:
+        session.close()
     if answer.status_code == 404:
         return None
-    if answer.status_code == 403:
-        raise UserError(f"your Google account may not read {what} ({permission} on {project})")
+    if answer.status_code == 403 and "rateLimitExceeded" not in answer.text:  # the API disabled, a role missing
+        raise UserError(f"your Google account may not read {what} ({permission} on {project}): {_said(answer)}")
     if answer.status_code == 401:
-        raise UserError(f"your Google credentials failed reading {what} ({_said(answer)}): {login}")
-    if not answer.ok:  # the API: again later
-        raise VmUnavailable(f"the Compute Engine API failed reading {what}: {_said(answer)}")
-    return answer.json()
+        raise UserError(f"your Google credentials failed reading {what} ({_said(answer)}): {LOGIN}")
+    if not answer.ok:  # the API, after its retries: again later
+        raise VmUnavailable(f"{failed}: {_said(answer)}")
+    try:
+        found = answer.json()
+    except ValueError:  # a proxy's or a portal's page
+        found = None
+    if not isinstance(found, dict):
+        raise VmUnavailable(f"{failed}: not the API's JSON: {_said(answer)}")
+    return found
 
 
 def _session():
-    """Requests signed with the application-default credentials (gcloud's login, or the VM's service account)."""
-    with beside.importing():
-        import google.auth
-        from google.auth.transport.requests import AuthorizedSession
+    """Requests signed with the application-default credentials (gcloud's login, or the VM's service account), or
+    none for the stand-in; a 429 or 5xx asked again."""
+    import google.auth
+    import google.auth.compute_engine  # noqa: F401  what a refresh imports, here: inside beside.importing()
+    import google.oauth2._client  # noqa: F401
+    import google.oauth2.credentials  # noqa: F401
+    from google.auth.credentials import AnonymousCredentials
+    from google.auth.transport.requests import AuthorizedSession
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
 
-    credentials, _ = google.auth.default(scopes=[SCOPE])
-    return AuthorizedSession(credentials)
+    if os.environ.get(COMPUTE_API_ENV):  # nothing to refresh on a 401 either
+        session = AuthorizedSession(AnonymousCredentials(), refresh_status_codes=())
+    else:
+        session = AuthorizedSession(google.auth.default(scopes=[SCOPE])[0])
+    retry = Retry(
+        total=RETRIES,
+        connect=0,
+        read=0,
+        status=RETRIES,
+        backoff_factor=BACKOFF_SECONDS,
+        status_forcelist=(429, 500, 502, 503, 504),
+        allowed_methods={"GET"},
+        raise_on_status=False,
+    )
+    for scheme in ("http://", "https://"):
+        session.mount(scheme, HTTPAdapter(max_retries=retry))
+    return session
 
 
 def _said(answer) -> str:
-    """The API's own error line: its status and message."""
+    """The API's own error, on one line: its status and message."""
     try:
         message = answer.json()["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        message = answer.text[:200]
-    return f"{answer.status_code} {answer.reason}: {message}"
+        message = answer.text
+    return f"{answer.status_code} {answer.reason}: {' '.join(str(message).split())[:300]}"
 
 
 @dataclass(frozen=True)

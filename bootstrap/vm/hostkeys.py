@@ -108,7 +108,7 @@ def published_keys(project: str, zone: str, instance: str) -> list[tuple[str, st
     )
     keys = []
     for item in ((answer or {}).get("queryValue") or {}).get("items") or []:
-        value = str(item.get("value") or "")
+        value = str(item.get("value") or "").strip()
         if item.get("namespace") != "hostkeys" or item.get("key") != PINNED_TYPE:
             continue
         try:
@@ -116,8 +116,8 @@ def published_keys(project: str, zone: str, instance: str) -> list[tuple[str, st
             paramiko.PKey.from_type_string(PINNED_TYPE, blob)  # a key of its type, not only base64
         except (binascii.Error, paramiko.SSHException, ValueError):
             continue
-        if base64.b64encode(blob).decode() == value.strip():
-            keys.append((PINNED_TYPE, value.strip()))
+        if base64.b64encode(blob).decode() == value:
+            keys.append((PINNED_TYPE, value))
     return keys
 
 
