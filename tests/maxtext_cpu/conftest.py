@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.demo import cpu
+from bootstrap.demo import SHIM, cpu
 from bootstrap.jobs.schedule import Schedule
 from bootstrap.remote import attempts
 from tests import gcsemulator, hubstub
@@ -29,6 +29,10 @@ HOST_ENV = {"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELI
 # The tier's jobs run XLA's Eigen ops on the calling thread: four jobs side by side on two cores only contend (one run
 # of test_real_pipeline beside two CPU burners: 171 s with it, 183 s without). Not in HOST_ENV: the benchmarks use that.
 EIGEN_ONE_THREAD = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+# JAX's compiled programs, kept between runs like the venvs: the tier's programs are the same each run (JAX keys an
+# entry by the program, not by the run), so a warm tier compiles none (a cold train job 67 CPU-s, a warm one 39).
+# test_real_loss keeps train's own cache in the bucket: it proves that a new VM finds the lost one's there.
+COMPILE_CACHE = VENVS / "jax-cache"
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,19 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/tests/maxtext_cpu/" in str(item.fspath):
             item.add_marker(pytest.mark.maxtext)
+
+
+def script_env() -> dict[str, str]:
+    """Where a test runs a MaxText script of its own: on the CPU, with the shim's sampler and the tier's compile cache
+    (every program kept: on a CPU most compile in under JAX's default 1 s)."""
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "MAXTEXT_CPU_ROLLOUT": "1",
+        "PYTHONPATH": str(SHIM),
+        "JAX_COMPILATION_CACHE_DIR": str(COMPILE_CACHE),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
 
 
 def environment(release: Release = DEFAULT) -> dict:
@@ -123,8 +140,9 @@ def set_up(fab: Fab, release: Release, command=None) -> None:
 
 
 @contextmanager
-def cpu_fab_at(host, tmp: Path, release: Release = DEFAULT) -> Iterator[Fab]:
-    """fab for the CPU tier, with its own folders in `tmp` ("VM" state, /dev/shm, runs) and the release's venv."""
+def cpu_fab_at(host, tmp: Path, release: Release = DEFAULT, compile_cache: bool = True) -> Iterator[Fab]:
+    """fab for the CPU tier, with its own folders in `tmp` ("VM" state, /dev/shm, runs) and the release's venv; train
+    compiles into the tier's COMPILE_CACHE unless not `compile_cache` (then into the product's, beside the runs)."""
     state, server = hubstub.serve()
     token = "hf_cpu" + uuid.uuid4().hex
     state.tokens[token] = hubstub.Token()
@@ -134,6 +152,8 @@ def cpu_fab_at(host, tmp: Path, release: Release = DEFAULT) -> Iterator[Fab]:
     edit_yaml(jobs / "pipeline.yaml", lambda data: data["vm"].update(validate_args=True, check_environment=True))
     # the tier's tiny model is built to be wrong: greedy, it repeats a tag (a smoke rollout would stop it, rightly)
     edit_yaml(jobs / "pipeline.yaml", lambda data: data.update(health={"smoke": False}))
+    if compile_cache:
+        edit_yaml(jobs / "train.yaml", lambda data: data["args"].update(jax_cache_dir=str(COMPILE_CACHE)))
     try:
         yield Fab(host, tmp, token, jobs, state)
     finally:

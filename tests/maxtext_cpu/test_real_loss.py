@@ -62,7 +62,7 @@ def release(request) -> Release:
 def recovery(cpu_host, compute, gcs_emulator, tmp_path_factory, release: Release) -> dict:
     """One run lost after step LOST_AFTER and recovered with `fab train --recover`; what the tests read."""
     tmp = tmp_path_factory.mktemp(f"cpu-loss-{release.version}")
-    with cpu_fab_at(cpu_host, tmp, release) as fab, pytest.MonkeyPatch.context() as env:
+    with cpu_fab_at(cpu_host, tmp, release, compile_cache=False) as fab, pytest.MonkeyPatch.context() as env:
         env.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # where this side reads the bucket
         compute.host_keys[INSTANCE] = [tuple(fab.host.host_key.read_text().split()[:2])]
         fab.secrets[tracking.KEY] = ""  # no W&B key anywhere, whatever this machine's environment holds

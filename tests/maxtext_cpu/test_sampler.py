@@ -9,12 +9,11 @@ wrongly, swapped the norms or dropped the final norm's scale, by over 8,000 time
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
-from bootstrap.demo import MAKE_INPUTS, SHIM, cpu
+from bootstrap.demo import MAKE_INPUTS, cpu
 from tests.loopback import Fab
-from tests.maxtext_cpu.conftest import HERE, Release, set_up
+from tests.maxtext_cpu.conftest import HERE, Release, script_env, set_up
 
 FLOAT32 = 1e-4  # the most a log-probability may differ by: float32 rounding over 32 layers, with room
 
@@ -32,13 +31,12 @@ def test_the_cpu_sampler_gives_each_token_the_log_probability_maxtext_does(cpu_f
         "weight_dtype=float32",
         *release.train,
     ]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(SHIM)}
     agrees = subprocess.run(
         [release.venv / "bin" / "python", HERE / "sampler_agrees.py", inputs / "tokenizer"],
         input=json.dumps(args),
         capture_output=True,
         text=True,
-        env=env,
+        env=script_env(),
     )
     assert agrees.returncode == 0, agrees.stderr[-3000:]
     gaps = json.loads(agrees.stdout)

@@ -6,17 +6,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import subprocess
 
 import pytest
 
-from bootstrap.demo import SHIM
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
 from tests.loopback import Fab
-from tests.maxtext_cpu.conftest import HERE, Release, set_up
+from tests.maxtext_cpu.conftest import HERE, Release, script_env, set_up
 
 
 def shipped_jobs(release: Release) -> load.JobFiles:
@@ -46,13 +44,12 @@ def test_the_local_schedule_is_maxtexts_own(cpu_fab: Fab, release: Release):
     ]
     jobs = shipped_jobs(release)
     trains = [build(jobs, case, "r1").job("train") for case in cases]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MAXTEXT_CPU_ROLLOUT": "1", "PYTHONPATH": str(SHIM)}
     real = subprocess.run(
         [release.venv / "bin" / "python", HERE / "maxtext_lr.py"],
         input=json.dumps([train.rendered.argv[3:] for train in trains]),
         capture_output=True,
         text=True,
-        env=env,
+        env=script_env(),
     )
     assert real.returncode == 0, real.stderr[-3000:]
     results = json.loads(real.stdout)
