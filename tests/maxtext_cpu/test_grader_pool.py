@@ -31,6 +31,7 @@ def counted(num_procs):  # MaxText's own build, counted where it builds
 grader._get_pool = counted
 if sys.argv[2] == "steady":
     maxtext_run.steady_grader_pool()  # the launcher's, over MaxText's
+maxtext_run.light_grader_workers()  # in both: what a worker loads is the test below's, the builds this one's
 
 class Config:
     reward_exact_answer = 1.0
@@ -54,8 +55,8 @@ def python(cpu_host, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("launcher", ["maxtext", "steady"])
 def test_the_grader_pool_is_built_once_whatever_each_call_grades(python, launcher):
-    """`maxtext`: MaxText alone; `steady`: under the launcher (maxtext_run.steady_grader_pool). MaxText's builds
-    are counted in both."""
+    """`maxtext`: MaxText's pool alone; `steady`: under the launcher (maxtext_run.steady_grader_pool). MaxText's
+    builds are counted in both (their workers light in both: 0.2.3's package loads JAX, 9 CPU-s a worker)."""
     result = subprocess.run(
         [python, "-c", SCRIPT, str(REPO / "bootstrap" / "remote"), launcher, json.dumps(CALLS)],
         capture_output=True, text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
