@@ -55,8 +55,8 @@ def python(cpu_host, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("launcher", ["maxtext", "steady"])
 def test_the_grader_pool_is_built_once_whatever_each_call_grades(python, launcher):
-    """`maxtext`: MaxText's pool alone; `steady`: under the launcher (maxtext_run.steady_grader_pool). MaxText's
-    builds are counted in both (their workers light in both: 0.2.3's package loads JAX, 9 CPU-s a worker)."""
+    """`maxtext`: MaxText's own sizing of its pool; `steady`: the launcher's over it (maxtext_run.steady_grader_pool).
+    MaxText's builds are counted in both; their workers are light in both (0.2.3's package loads JAX: 9 CPU-s each)."""
     result = subprocess.run(
         [python, "-c", SCRIPT, str(REPO / "bootstrap" / "remote"), launcher, json.dumps(CALLS)],
         capture_output=True, text=True, timeout=600, env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"},
