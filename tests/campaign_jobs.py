@@ -97,7 +97,9 @@ def convert(ckpt: str, ledger: str) -> int:
 def train(actor: str, converted: str, steps: int, ledger: str) -> int:
     _live, attempt = begin(ledger, "train")
     attempts.record_start(dict(os.environ))
-    recorder = attempts.EvalRecorder.install(dict(os.environ))  # as maxtext_run.py installs it
+    from bootstrap.remote import eval_recorder  # here: it imports logging, which the other jobs need not pay for
+
+    recorder = eval_recorder.EvalRecorder.install(dict(os.environ))  # as maxtext_run.py installs it
     done = jobrunner.finished_steps(actor)  # the product's rule for a committed step
     if os.environ.get(BROKEN_ENV) == "restart":  # a deliberately broken trainer: it ignores them
         done = []

@@ -47,7 +47,7 @@ CORE = re.compile(r"/api/v1/namespaces/([^/]+)/(secrets|configmaps|pods)(?:/([^/
 STAMP = "2026-11-30T12:00:00Z"
 CHUNK = 64 * 1024
 EXEC_SECONDS = 300  # a pod's command (the driver's runs the whole pipeline)
-POLL_SECONDS = "0.3"  # how often fab and the driver pod look again (TPU_RL_GKE_POLL_SECONDS): this cluster is quick
+POLL_SECONDS = "0.1"  # how often fab and the driver pod look again (TPU_RL_GKE_POLL_SECONDS): this cluster is quick
 REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 

@@ -29,9 +29,10 @@ SECRET = "tpu-rl-hf-token"
 TOOLS_CONFIG_MAP = "tpu-rl-tools"
 # train's launcher, export's follow-up steps and the Hub upload, mounted from TOOLS_CONFIG_MAP
 # and the pipeline's driver in the cluster (gke_driver.py, with the modules it runs on)
-TOOLS = ("maxtext_run.py", "attempts.py", "wandb_run.py", "export_config.py", "manifest.py", "hub_upload.py", "evals.py",
-         "gke_driver.py", "graph.py", "jobrunner.py", "processes.py", "folders.py", "jobset_state.py", "gcs.py", "retry.py",
-         "faults.py", "health.py", "health_hooks.py", "eval_sample.py", "grader_worker.py")  # fmt: skip
+TOOLS = ("maxtext_run.py", "attempts.py", "eval_recorder.py", "wandb_run.py", "export_config.py", "manifest.py",
+         "hub_upload.py", "evals.py", "gke_driver.py", "graph.py", "jobrunner.py", "processes.py", "folders.py",
+         "jobset_state.py", "gcs.py", "retry.py", "faults.py", "health.py", "health_hooks.py", "eval_sample.py",
+         "grader_worker.py")  # fmt: skip
 TOOLS_DIR = "/tpu-rl/tools"
 SPOT_RESTARTS = 10  # preemptions one train on Spot rides out before its JobSet fails
 BUCKET_MOUNT = "/gcs"  # the bucket through GKE's Cloud Storage FUSE driver, for steps that need a folder

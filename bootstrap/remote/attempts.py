@@ -9,9 +9,9 @@ from. `fab metrics` counts the attempts and the steps each trained from these re
 files still give the curves and the step times.
 
 The same launcher records each GSM8K eval the trainer logs, one record an eval, in the folder
-EVALS_ENV names: the base model's before the first attempt trains, the final one after the last. A
-restarted attempt's log is moved aside and a lost VM's is gone, so the publish gate and the model card
-judge the run from these records (hub_upload.py), never from the current attempt's log.
+EVALS_ENV names (eval_recorder.py): the base model's before the first attempt trains, the final one
+after the last. A restarted attempt's log is moved aside and a lost VM's is gone, so the publish gate
+and the model card judge the run from these records (hub_upload.py), never from the current attempt's log.
 
 Standard library only: it runs on the VM and in a gke pod, with the job's own python.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 import sys
@@ -37,7 +36,6 @@ except ImportError:
 DIR_ENV = "TPU_RL_ATTEMPTS_DIR"  # where the records of the starts go (the job's YAML sets it)
 CHECKPOINTS_ENV = "TPU_RL_CHECKPOINT_DIR"  # whose last committed step a start resumes from
 EVALS_ENV = "TPU_RL_EVALS_DIR"  # where the records of the evals go
-TASK_TALLY = "tpu_rl_task_tally"  # in sys.modules: a task's eval scores, kept by task_rewards.py
 
 
 def record(folder: str, data: dict) -> str:
@@ -73,49 +71,6 @@ def record_start(environ: dict[str, str]) -> str | None:
     except Exception as err:  # noqa: BLE001 - a storage error of any kind must not stop the training
         print(f"[tpu-rl] could not record this start in {folder}: {err}", file=sys.stderr)
         return None
-
-
-class EvalRecorder(logging.Handler):
-    """Records each GSM8K eval the trainer logs (MaxText and tunix log through absl, that is Python's logging),
-    labelled as evals.Attempts labels a log's lines: after tunix's restore line, the "Pre RL Training" eval scores
-    the restored weights and is kept as "resumed", so the base model's eval before training is never replaced.
-    A record that cannot be written is said on stderr and never stops the job; the gate then says it is missing."""
-
-    def __init__(self, folder: str):
-        super().__init__()
-        self.folder, self.attempts = folder, evals.Attempts()
-        self.listeners: list = []  # told each eval as recorded (health's smoke rollout: the one before training)
-
-    @classmethod
-    def install(cls, environ: dict[str, str]) -> EvalRecorder | None:
-        """On the root logger, for the job whose environment names a folder; None for one that names none."""
-        folder = environ.get(EVALS_ENV, "").rstrip("/")
-        if not folder:
-            return None
-        recorder = cls(folder)
-        logging.getLogger().addHandler(recorder)
-        return recorder
-
-    def emit(self, entry: logging.LogRecord) -> None:
-        try:
-            self.read(entry.getMessage())
-        except Exception as err:  # noqa: BLE001 - a storage error of any kind must not stop the training
-            print(f"[tpu-rl] could not record an eval in {self.folder}: {err}", file=sys.stderr)
-
-    def read(self, line: str) -> str | None:
-        """Record the eval on this line of the trainer's output, if it holds one, with the task's measure of it
-        (said in the log too: the laptop reads it there); where."""
-        found = self.attempts.read(line)
-        if found is None or "total" not in found:
-            return None
-        tally = sys.modules.get(TASK_TALLY)  # a task of your own's eval scores (task_rewards.py), else none
-        if tally is not None and (measured := tally.take()) is not None:
-            found["task"] = {"name": tally.task, **measured}
-            print(evals.task_line(found["phase"], found["step"], measured, tally.task), file=sys.stderr, flush=True)
-        where = record(self.folder, {**found, "recorded": time.time()})
-        for listener in self.listeners:
-            listener(found)
-        return where
 
 
 def recorded_evals(texts: list[str], total_steps: int | None) -> list[dict]:

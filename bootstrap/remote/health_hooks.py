@@ -30,7 +30,7 @@ class Hooks:
         self.evaluating = False
 
     def evaluated(self, found: dict) -> None:
-        """An eval's result (attempts.EvalRecorder): the one before training is the smoke rollout's verdict. Right
+        """An eval's result (eval_recorder.EvalRecorder): the one before training is the smoke rollout's verdict. Right
         answers: a task's right count (none for a mean reward), else GSM8K's. A resumed start checked its base model
         at the run's first start: its eval is of the restored weights, not the model before training."""
         if not self.rules.smoke or found["phase"] != "pre" or self.watch.trained:

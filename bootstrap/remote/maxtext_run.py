@@ -11,8 +11,8 @@ Successfully!" and never exits, so its job never ends. This closes the pool the 
 that pool built once (steady_grader_pool), spares its workers train's module (light_grader_workers), and
 otherwise changes nothing: same __main__, sys.argv[0] and sys.path[0], same exit status. After a
 failure with the pool open, the process ends at once with the module's status. Before the module
-runs, the start is recorded where the job's environment says, and each eval it logs from then on
-(attempts.py), and with results.wandb its W&B run is named after the run (wandb_run.py). Stdlib only.
+runs, the start is recorded where the job's environment says (attempts.py), and each eval it logs from then
+on (eval_recorder.py), and with results.wandb its W&B run is named after the run (wandb_run.py). Stdlib only.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ import threading
 import traceback
 
 try:
-    from . import attempts, eval_sample, gcs, grader_worker, health, health_hooks, jobrunner, wandb_run  # on the laptop
+    from . import attempts, eval_recorder, eval_sample, gcs, grader_worker, health, health_hooks, jobrunner, wandb_run
 except ImportError:
     import attempts  # on the VM and in a pod: beside this script in the tools folder
+    import eval_recorder
     import eval_sample
     import gcs
     import grader_worker
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> None:
     carried_on = still_stopped(stop_record)
     fetch_task_data()
     attempts.record_start(environ)
-    recorder = attempts.EvalRecorder.install(environ)
+    recorder = eval_recorder.EvalRecorder.install(environ)
     wandb_run.prepare(run_id=_run_identity())
     steady_grader_pool()
     light_grader_workers()

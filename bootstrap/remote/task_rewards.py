@@ -21,7 +21,7 @@ import sys
 
 TASK_ENV = "TPU_RL_TASK"
 MEAN_REWARD = "mean_reward"
-TALLY = "tpu_rl_task_tally"  # the eval's scores, in sys.modules: the launcher (attempts.py) reads them there
+TALLY = "tpu_rl_task_tally"  # the eval's scores, in sys.modules: the launcher (eval_recorder.py) reads them there
 
 
 def _spec() -> dict:

@@ -50,6 +50,7 @@ TOOLS = (
     "envcheck.py",
     "maxtext_run.py",
     "attempts.py",
+    "eval_recorder.py",
     "wandb_run.py",
     "preempted.py",
     "hub_upload.py",

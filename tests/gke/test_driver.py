@@ -24,7 +24,7 @@ from google.api_core.exceptions import Conflict
 
 from bootstrap.gke import jobsets
 from bootstrap.gke.jobsets import name_of as js
-from bootstrap.remote import attempts, manifest
+from bootstrap.remote import eval_recorder, manifest
 from tests import gcsemulator, hubstub, kubestub, tbevents
 from tests.kubestub import Run
 from tests.loopback import REPO
@@ -460,7 +460,7 @@ def test_on_gke_the_hub_job_judges_the_run_from_the_evals_train_recorded_in_the_
     assert repo not in fab.hub.repos
 
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator)  # as train's pod reaches the bucket
-    recorder = attempts.EvalRecorder("gs://my-results/llama3.1-8b-Instruct/post-train/r10/evals")
+    recorder = eval_recorder.EvalRecorder("gs://my-results/llama3.1-8b-Instruct/post-train/r10/evals")
     for phase, correct in (("Pre RL Training", 600), ("Post RL Training", 800)):  # as train_rl logs them
         recorder.read(f"W1203 10:00:00.0 1 train_rl.py:716] {phase}: corr={correct}, total=1319, "
                       f"accuracy={correct / 13.19}%, partial_accuracy=50.0%, format_accuracy=90.0%, mean_reward=1.0")  # fmt: skip

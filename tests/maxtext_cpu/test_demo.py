@@ -4,7 +4,8 @@ a VM is judged.
 
 One demo folder serves the module: the demo (its environment built there), then its control with no network at
 all (a network namespace of its own: no SSH server, no Hub, no PyPI can be reached), then `--clean`. No token is
-set anywhere: the demo must not need one.
+set anywhere: the demo must not need one. The user's jobs it copies name the tier's compile cache for train
+(conftest.COMPILE_CACHE, as the tier's own runs do): what it compiled once, it loads.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +23,10 @@ import pytest
 
 from bootstrap import secrets
 from bootstrap.demo import rehearsal
-from bootstrap.paths import REPO
+from bootstrap.paths import JOBS_ENV, REPO
 from bootstrap.remote import jobrunner, processes
-from tests.maxtext_cpu.conftest import EIGEN_ONE_THREAD
+from tests.loopback import edit_yaml
+from tests.maxtext_cpu.conftest import COMPILE_CACHE, EIGEN_ONE_THREAD
 
 FAB = Path(sys.executable).with_name("fab")
 RESULT = re.compile(r"result: GSM8K accuracy ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
@@ -38,6 +41,7 @@ def demo(tmp: Path, *args: str, network: bool = True, task: str = "demo") -> sub
         "HOME": str(tmp / "home"),
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),  # the wheels, kept
         rehearsal.ROOT_ENV: str(tmp / "demo"),
+        JOBS_ENV: str(tmp / "jobs"),  # the user's jobs (the tmp fixture's)
         "COLUMNS": "200",
         **EIGEN_ONE_THREAD,  # the jobs' XLA, as on the tier's loopback VM
     }
@@ -57,7 +61,11 @@ def result(out: str) -> tuple[float, float, float, float]:
 
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("demo")
+    """The module's folder, with the user's jobs: the shipped ones, train compiling into the tier's cache."""
+    tmp = tmp_path_factory.mktemp("demo")
+    shutil.copytree(REPO / "jobs", tmp / "jobs")
+    edit_yaml(tmp / "jobs" / "train.yaml", lambda data: data["args"].update(jax_cache_dir=str(COMPILE_CACHE)))
+    return tmp
 
 
 @pytest.fixture(scope="module")

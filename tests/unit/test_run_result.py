@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.remote import attempts, evals, hub_upload
+from bootstrap.remote import attempts, eval_recorder, evals, hub_upload
 from bootstrap.results import metrics
 from bootstrap.results.runs import RunRecord
 from bootstrap.vm.progress import result_lines
@@ -157,13 +157,13 @@ def test_an_eval_that_is_really_gone_is_named_in_the_reason(tmp_path):
 
 
 def test_the_gate_reads_the_evals_each_attempt_recorded_as_it_logged_them(tmp_path):
-    """What the launcher's recorder keeps (attempts.EvalRecorder) judges the run: the first attempt's eval before
+    """What the launcher's recorder keeps (eval_recorder.EvalRecorder) judges the run: the first attempt's eval before
     training, the resumed attempt's evals after it, whichever log is gone; a half-written record is left out."""
     folder = tmp_path / "evals"
-    first = attempts.EvalRecorder(str(folder))
+    first = eval_recorder.EvalRecorder(str(folder))
     first.read(line("Pre RL Training", 636, 1319, 71))
     first.read(line("Intermediate Eval (step=10)", 700, 1319, 80))
-    second = attempts.EvalRecorder(str(folder))  # a new attempt, on a new VM: it resumes from step 10
+    second = eval_recorder.EvalRecorder(str(folder))  # a new attempt, on a new VM: it resumes from step 10
     second.read("I1203 10:00:00.000 1 checkpoint_manager.py:235] Restored params from step: 10 in 0.6 seconds")
     second.read(line("Pre RL Training", 700, 1319, 80))
     second.read(line("Post RL Training", 811, 1319, 97))

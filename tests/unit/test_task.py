@@ -147,7 +147,7 @@ def vm_tools(tmp_path: Path, measure: str = "correct") -> tuple[Path, dict]:
 CALLS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import task_processor, task_rewards, attempts
+import task_processor, task_rewards, eval_recorder
 
 class Tokenizer:
     def apply_chat_template(self, messages, tokenize, add_generation_prompt):
@@ -161,7 +161,7 @@ train = task_rewards.correct(prompts=[row["prompts"]] * 2, completions=["<answer
 for completion in ["<answer>7</answer>", "no tag", "<answer>7</answer>", "<answer>8</answer>"]:
     for fn in (task_rewards.correct, task_rewards.formatted):
         fn(prompts=[row["prompts"]], completions=[completion], answer=[row["answer"]], question=row["question"])
-recorder = attempts.EvalRecorder(sys.argv[2])
+recorder = eval_recorder.EvalRecorder(sys.argv[2])
 recorder.read("W1205 train_rl.py:781] Post RL Training: corr=2, total=4, accuracy=50.0%, partial_accuracy=50.0%, format_accuracy=75.0%, mean_reward=0.6875")
 print(json.dumps({"row": row, "train": train}))
 """
