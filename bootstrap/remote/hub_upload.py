@@ -12,7 +12,7 @@ small ones. So a re-run carries on an interrupted 16 GB upload without sending f
 files again, and still replaces a file of the same size with other contents. The marker is
 written only after every file verifies.
 
-The run is judged from its durable eval records (attempts.py: the base model's eval before the first
+The run is judged from its durable eval records (eval_recorder.py: the base model's eval before the first
 attempt trained, the final one after the last), never from one attempt's log, which a restart moves
 aside and a lost VM loses. The card's eval table and result come from them, and the result goes into
 the card's `model-index` metadata (the Hub's own convention, shown on the model's page). With
@@ -186,7 +186,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--card", required=True)
     parser.add_argument("--marker", required=True)
     parser.add_argument("--private", action="store_true")
-    parser.add_argument("--evals-from", help="the folder of the run's eval records (attempts.py)")
+    parser.add_argument("--evals-from", help="the folder of the run's eval records (eval_recorder.py)")
     parser.add_argument("--steps", type=int, help="the run's steps (an eval at the last one is the Post eval)")
     parser.add_argument("--run", default="", help="the run's name, which the card's model-index names")
     parser.add_argument("--publish-if", default="always", help='results.publish_if: "improved", "always" or a %%')

@@ -5,7 +5,8 @@ a VM is judged.
 One demo folder serves the module: the demo (its environment built there), then its control with no network at
 all (a network namespace of its own: no SSH server, no Hub, no PyPI can be reached), then `--clean`. No token is
 set anywhere: the demo must not need one. The user's jobs it copies name the tier's compile cache for train
-(conftest.COMPILE_CACHE, as the tier's own runs do): what it compiled once, it loads.
+(conftest.COMPILE_CACHE, as the tier's own runs do): what it compiled once, it loads. With the shipped jobs, that
+cache is in the demo's folder (tests/unit/test_demo_jobs.py).
 """
 
 from __future__ import annotations

@@ -39,6 +39,9 @@ def test_the_demo_jobs_pass_fabs_own_checks_and_change_only_what_a_cpu_needs(fol
     assert {k: v for k, v in shipped.items() if k != "secrets"} == demo  # train itself: the user's
     for name in ("convert", "export"):  # MaxText's default compile cache is ~/jax_cache: outside the demo's folder
         assert f"jax_cache_dir={folder.root}/jax-cache" in plan.job(name).rendered.argv
+    # train's is the user's (${durable_dir}/jax-cache), and the demo's durable_dir is in its folder
+    (cache,) = [arg for arg in plan.job("train").rendered.argv if arg.startswith("jax_cache_dir=")]
+    assert Path(cache.partition("=")[2]).is_relative_to(folder.root), cache
     assert len(changes) == 7 and any(line.startswith("vm: this machine's CPU") for line in changes)
 
 

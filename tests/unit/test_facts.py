@@ -153,3 +153,4 @@ def test_the_tools_slow_standard_library_is_loaded_before_the_request_comes(home
     argv = ["python3", "-I", "-c", script, str(REMOTE_SCRIPTS)]
     tools = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert set(WARMED) <= set(tools.stdout.split()), tools.stderr
+    assert "logging" not in tools.stdout.split()  # train's eval recorder alone needs it (eval_recorder.py)
