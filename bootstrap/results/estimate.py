@@ -31,7 +31,7 @@ RL_DEFAULTS = {"batch_size": 1, "rl.num_generations": 2, "max_target_length": 10
                "num_eval_passes": 1, "eval_interval": 10, "checkpoint_period": rates.CHECKPOINT_PERIOD}  # fmt: skip
 MAY_BE_ZERO = ("num_test_batches", "eval_interval")  # no evals; no evals during training
 GUIDE_STEPS, GUIDE_TRAIN_S = 50, 600
-VALIDATE = (20, 120, "25 s on one TPU v5e chip (docs/benchmarks.md): imports and argument checks")
+VALIDATE = (15, 120, "16 s on one TPU v5e chip (docs/benchmarks.md): imports and argument checks")
 
 
 @dataclass(frozen=True)
