@@ -2,10 +2,14 @@
 
 import atexit
 import gc
+import os
 import sys
 
 # invoke turns bytecode writing off (its --write-pyc): tpu-rl's modules would be compiled again on every command
 sys.dont_write_bytecode = False
+gc.disable()  # the imports below live until exit: collecting among them finds nothing (so does a session's, common.py)
+# fab's schemas use no pydantic plugin, and looking for one reads every installed package's metadata (11 ms)
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from invoke import Collection  # noqa: E402
 
@@ -19,6 +23,7 @@ for module in (jobs_tasks, pipeline_tasks, results_tasks, host_tasks, demo_tasks
     for task in Collection.from_module(module).tasks.values():
         ns.add_task(task)
 
-# What is imported lives until exit: garbage collections skip it, and the one at exit skips everything (0.05 s)
+# What is imported lives until exit: later collections skip it, and the one at exit skips everything (0.05 s)
 gc.freeze()
+gc.enable()
 atexit.register(gc.freeze)

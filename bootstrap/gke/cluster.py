@@ -69,8 +69,11 @@ class Cluster:
 
     # --- What the tasks and the pipeline call ------------------------------------------------
 
-    def install(self, *_) -> str | None:
-        """The current run: kept on this machine (the cluster keeps no run of its own)."""
+    def install(self, *_, meanwhile: Callable[[], None] | None = None) -> str | None:
+        """The current run: kept on this machine (the cluster keeps no run of its own). Nothing is asked: `meanwhile`
+        runs at once."""
+        if meanwhile is not None:
+            meanwhile()
         return runs.current_run()
 
     def prepare(self, secrets: dict[str, str], startup_marker: str) -> tuple[list[str], bool]:

@@ -202,14 +202,19 @@ class Vm:
         with self._io():
             return _exec(self.conn, command, timeout)
 
-    def execute(self, command: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-        """A short command: (exit code, stdout, stderr), in one round trip."""
+    def execute(
+        self, command: str, stdin: bytes | None = None, meanwhile: Callable[[], None] | None = None
+    ) -> tuple[int, str, str]:
+        """A short command: (exit code, stdout, stderr), in one round trip; `meanwhile` is called once the
+        request is sent, while the VM answers."""
         channel = self._open(command, COMMAND_TIMEOUT_SECONDS)
         with self._io():
             try:
                 if stdin is not None:
                     channel.sendall(stdin)
                 channel.shutdown_write()
+                if meanwhile is not None:
+                    meanwhile()
                 out = channel.makefile("rb").read()
                 err = channel.makefile_stderr("rb").read()
                 status = channel.recv_exit_status()
@@ -219,8 +224,10 @@ class Vm:
             finally:
                 channel.close()
 
-    def check(self, command: str, what: str, stdin: bytes | None = None) -> str:
-        code, out, err = self.execute(command, stdin)
+    def check(
+        self, command: str, what: str, stdin: bytes | None = None, meanwhile: Callable[[], None] | None = None
+    ) -> str:
+        code, out, err = self.execute(command, stdin, meanwhile)
         if code != 0:
             raise UserError(f"{self.name}: {what} failed (exit {code}): {self.clean(err.strip()[-500:])}")
         return out
@@ -231,9 +238,9 @@ class Vm:
 
     # --- the interface ------------------------------------------------------------------------
 
-    def ask(self, request: dict, what: str) -> dict:
+    def ask(self, request: dict, what: str, meanwhile: Callable[[], None] | None = None) -> dict:
         """The VM's answer to `request` (remote/facts.py, sent with the command), in one round trip."""
-        out = self.check(FACTS_COMMAND, what, json.dumps(request).encode())
+        out = self.check(FACTS_COMMAND, what, json.dumps(request).encode(), meanwhile)
         try:
             return json.loads(out)
         except json.JSONDecodeError:
@@ -247,6 +254,7 @@ class Vm:
         startup_marker: str = "",
         read_ahead: tuple[str, ...] = (),
         runs: dict | None = None,
+        meanwhile: Callable[[], None] | None = None,
     ) -> str | None:
         """One round trip: the private state folder, tpu-rl's tools put only when they changed, the pipeline
         woken (a fab command is here: autostop waits again, a driver that died starts again), what `prepare`
@@ -255,6 +263,7 @@ class Vm:
         and with a `runs` request, every run the VM and its bucket hold (`runs` then needs none).
 
         Returns the VM's current run (the one later commands continue), if any; keeps the pipeline's state.
+        `meanwhile` runs once the request is sent: the command's own work while the VM answers.
         """
         tools = {tool: hashlib.sha256((REMOTE_SCRIPTS / tool).read_bytes()).hexdigest() for tool in TOOLS}
         layout = self.layout
@@ -266,7 +275,9 @@ class Vm:
             request["runs"] = runs
         secret_paths = [f"{layout.secrets}/{name}" for name in secrets or {}]
         found = self.ask(
-            {**request, "secrets": secret_paths, **self._startup_request(startup_marker)}, "preparing the state folder"
+            {**request, "secrets": secret_paths, **self._startup_request(startup_marker)},
+            "preparing the state folder",
+            meanwhile,
         )
         self.facts = {
             "digests": {path: fact["digest"] for path, fact in found["secrets"].items()},

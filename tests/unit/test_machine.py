@@ -108,11 +108,19 @@ class LocalVm(machine.Vm):
         super().__init__(SimpleNamespace(host="vm"), Layout("state"))
         self.home, self.put, self.commands = home, put, 0
 
-    def execute(self, command: str, stdin: bytes | None = None) -> tuple[int, str, str]:
+    def execute(self, command: str, stdin: bytes | None = None, meanwhile=None) -> tuple[int, str, str]:
         self.commands += 1
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.home)}
-        done = subprocess.run(["/bin/sh", "-c", command], input=stdin, cwd=self.home, env=env, capture_output=True)
-        return done.returncode, done.stdout.decode(), done.stderr.decode()
+        pipe = subprocess.PIPE
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", command], stdin=pipe, stdout=pipe, stderr=pipe, cwd=self.home, env=env
+        )
+        process.stdin.write(stdin or b"")
+        process.stdin.close()
+        if meanwhile is not None:
+            meanwhile()
+        out, err = process.stdout.read(), process.stderr.read()  # an answer and its errors: a few lines
+        return process.wait(), out.decode(), err.decode()
 
     def _sftp(self):
         home, put = self.home, self.put
@@ -138,6 +146,32 @@ def test_a_new_vm_gets_the_tools_then_is_woken_by_them_with_the_states_read(tmp_
     assert vm.commands == 2  # the look, then the look with the tools put
     vm.install(read_ahead=("job",))
     assert vm.commands == 3  # tools current: one round trip
+
+
+def test_the_commands_own_work_runs_once_its_request_is_out_and_only_once(tmp_path):
+    """A session imports what follows while the VM answers the install (tasks/sessions.py). Begun before the
+    request went out, it held the request back: one interpreter runs either at a time."""
+    vm, calls = LocalVm(tmp_path), []
+
+    def meanwhile():
+        calls.append(vm.commands)
+
+    vm.install(read_ahead=("job",), meanwhile=meanwhile)  # a new VM: the look, then the look with the tools put
+    assert vm.commands == 2 and calls == [1]  # during the first round trip, not again
+    order = []
+
+    class Recording(AnsweringChannel):
+        def sendall(self, data):
+            order.append("request")
+
+        def makefile(self, mode):
+            order.append("answer read")
+            return super().makefile(mode)
+
+    machine.Vm(SimpleNamespace(host="vm"), Layout("tpu-rl"), asking=Recording(b"{}")).ask(
+        {}, "looking", lambda: order.append("meanwhile")
+    )
+    assert order == ["request", "meanwhile", "answer read"]
 
 
 def test_tools_that_change_again_as_they_are_put_are_never_woken(tmp_path):
