@@ -26,3 +26,9 @@ def test_a_session_opens_without_collections_and_they_resume_after(unfrozen, fai
         if failing:
             raise UserError("a check failed")
     assert gc.isenabled()
+
+
+def test_a_line_is_printed_as_it_is(capsys):
+    """rich's emoji codes are off: it made a job's `state:x:` "state❌"."""
+    common.console.print("state:x: in gs://bucket/:fire:/model")
+    assert capsys.readouterr().out == "state:x: in gs://bucket/:fire:/model\n"
