@@ -7,8 +7,9 @@ import sys
 
 # invoke turns bytecode writing off (its --write-pyc): tpu-rl's modules would be compiled again on every command
 sys.dont_write_bytecode = False
-gc.disable()  # the imports below live until exit: collecting among them finds nothing (so does a session's, common.py)
-# fab's schemas use no pydantic plugin, and looking for one reads every installed package's metadata (11 ms)
+gc.disable()  # the imports below live until exit: collecting among them finds nothing (4 ms; a session's: common.py)
+# fab's schemas use no pydantic plugin, and looking for one read every installed package's metadata (11 ms,
+# 2026-12-07). What fab starts here inherits it (pulumi, tensorboard, fab check's validator); jobs and the VM do not.
 os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 from invoke import Collection  # noqa: E402

@@ -29,8 +29,8 @@ ARG_HELP = "override a job setting: JOB.KEY=VALUE (repeatable), e.g. train.num_b
 RUN_HELP = "work on this run (MaxText resumes a run name it has seen); default: the VM's current run"
 # Off a terminal (a file, a pager, a pipe) nothing is wrapped: rich would cut paths and tables at 80 columns.
 UNWRAPPED = 4096
-# No emoji codes: a name, path or line is printed as it is (rich made `state:x:` "state❌"), and the first print
-# does not import their table (6 ms of every command).
+# No emoji codes: a name, path or line the console prints is printed as it is (rich made `state:x:` "state❌"), and
+# its first print imports no emoji table (6 ms, 2026-12-07).
 console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else UNWRAPPED, emoji=False)
 
 
@@ -126,15 +126,25 @@ def open_session(
         return sessions.open_session(c, inputs, dial, overrides, run_name, **options, named=named)
 
 
+_frozen = False  # whether the command's first session was frozen (_no_collection)
+
+
 @contextlib.contextmanager
 def _no_collection() -> Iterator[None]:
-    """No garbage collection while a session opens: its imports and objects live on, and collecting among them
-    found nothing, for 10 ms of a no-op `fab train`. What it made is then frozen out of later collections' way."""
+    """No garbage collection while the command's first session opens: its imports and objects live on, and collecting
+    among them found nothing (10 ms of a no-op `fab train`, 2026-12-07). They are then frozen out of later collections'
+    way. A later session (`fab train --watch` recovering) is collected as usual: frozen, a dropped one's cycles (its SSH
+    connection) would live until exit."""
+    global _frozen
+    if _frozen or not gc.isenabled():
+        yield
+        return
     gc.disable()
     try:
         yield
     finally:
         gc.freeze()
+        _frozen = True
         gc.enable()
 
 

@@ -207,7 +207,7 @@ def _socket(host: str, port: int, timeout: float) -> socket.socket:
     with it, a message written in two parts waited for the server's delayed ACK (40 ms on Linux): on the
     loopback host the SSH handshake took 0.07 s instead of 0.03 s, and a request sent with its EOF, or a
     command's start on a new channel, 0.045 s more."""
-    # An ASCII name as bytes: a str is encoded by the IDNA codec, whose import costs 7 ms of every command
+    # An ASCII name as bytes: a str is encoded by the IDNA codec, whose import cost a command that dials 7 ms (2026-12-07)
     address = host.encode() if host.isascii() else host
     try:
         sock = socket.create_connection((address, port), timeout)

@@ -206,7 +206,7 @@ class Vm:
         self, command: str, stdin: bytes | None = None, meanwhile: Callable[[], None] | None = None
     ) -> tuple[int, str, str]:
         """A short command: (exit code, stdout, stderr), in one round trip; `meanwhile` is called once the
-        request is sent, while the VM answers."""
+        request is sent, while the VM answers (it must not raise: its error would read as the connection lost)."""
         channel = self._open(command, COMMAND_TIMEOUT_SECONDS)
         with self._io():
             try:
@@ -239,7 +239,8 @@ class Vm:
     # --- the interface ------------------------------------------------------------------------
 
     def ask(self, request: dict, what: str, meanwhile: Callable[[], None] | None = None) -> dict:
-        """The VM's answer to `request` (remote/facts.py, sent with the command), in one round trip."""
+        """The VM's answer to `request` (remote/facts.py, sent with the command), in one round trip; `meanwhile`
+        runs while the VM answers (execute)."""
         out = self.check(FACTS_COMMAND, what, json.dumps(request).encode(), meanwhile)
         try:
             return json.loads(out)

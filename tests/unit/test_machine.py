@@ -111,16 +111,10 @@ class LocalVm(machine.Vm):
     def execute(self, command: str, stdin: bytes | None = None, meanwhile=None) -> tuple[int, str, str]:
         self.commands += 1
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.home)}
-        pipe = subprocess.PIPE
-        process = subprocess.Popen(
-            ["/bin/sh", "-c", command], stdin=pipe, stdout=pipe, stderr=pipe, cwd=self.home, env=env
-        )
-        process.stdin.write(stdin or b"")
-        process.stdin.close()
-        if meanwhile is not None:
+        if meanwhile is not None:  # as the request goes (its order: the Recording channel below)
             meanwhile()
-        out, err = process.stdout.read(), process.stderr.read()  # an answer and its errors: a few lines
-        return process.wait(), out.decode(), err.decode()
+        done = subprocess.run(["/bin/sh", "-c", command], input=stdin, cwd=self.home, env=env, capture_output=True)
+        return done.returncode, done.stdout.decode(), done.stderr.decode()
 
     def _sftp(self):
         home, put = self.home, self.put
