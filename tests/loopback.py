@@ -27,7 +27,7 @@ import yaml
 
 from bootstrap.vm.here import NETWORK_ENV
 from scripts.maxtext_config_env import python312
-from tests import hubstub
+from tests import fabfork, hubstub
 
 REPO = Path(__file__).resolve().parents[1]
 SSHD = shutil.which("sshd", path="/usr/sbin:/usr/bin:/sbin") or "/usr/sbin/sshd"
@@ -197,7 +197,7 @@ class Runs:
         raise NotImplementedError
 
     def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return fabfork.run(
             self.command(*args),
             env=self.env(),
             capture_output=True,

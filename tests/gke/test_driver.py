@@ -25,7 +25,7 @@ from google.api_core.exceptions import Conflict
 from bootstrap.gke import jobsets
 from bootstrap.gke.jobsets import name_of as js
 from bootstrap.remote import eval_recorder, manifest
-from tests import gcsemulator, hubstub, kubestub, tbevents
+from tests import fabfork, gcsemulator, hubstub, kubestub, tbevents
 from tests.kubestub import Run
 from tests.loopback import REPO
 
@@ -99,7 +99,7 @@ def fab(cluster, tmp_path, gcs_emulator):
     command = [str(Path(sys.executable).with_name("fab")), "-r", str(REPO)]
 
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
+        return fabfork.run(
             [*command, *args], env=env, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
         )
 

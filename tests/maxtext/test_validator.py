@@ -13,6 +13,7 @@ from bootstrap.jobs import load, schema
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
 from scripts import maxtext_config_env
+from tests import fabfork
 from tests.unit.test_maxtext_versions import jobs_installing
 
 CHECK = REPO / "bootstrap" / "remote" / "maxtext_check.py"
@@ -25,7 +26,7 @@ def maxtext_python() -> Path:
 
 
 def fab(*args: str, jobs: Path = REPO / "jobs") -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args],
         capture_output=True,
         text=True,

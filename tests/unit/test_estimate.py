@@ -22,6 +22,7 @@ from bootstrap.paths import REPO
 from bootstrap.remote import eval_sample
 from bootstrap.results import estimate, rates, timing
 from bootstrap.results.runs import RunRecord
+from tests import fabfork
 
 TRAIN_STEP = "peft_trainer.py:488] Train step {} training loss: 0.000000  - training perplexity: 1.000000"
 EVAL = (
@@ -320,7 +321,7 @@ def test_a_job_done_already_in_an_earlier_run_is_not_this_runs_time(runs):
 
 
 def fab(*args: str, runs) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args],
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(runs), "COLUMNS": "200"}, timeout=120,
     )  # fmt: skip

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -26,7 +25,7 @@ from bootstrap.gke import jobsets
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import build
 from bootstrap.paths import REPO
-from tests import kubestub, xpk
+from tests import fabfork, kubestub, xpk
 
 IMAGE = "us-docker.pkg.dev/my-project/tpu-rl/maxtext:0.2.3"
 TARGET = jobsets.Slice(bucket="my-results", topology="4x4", image=IMAGE)
@@ -205,10 +204,10 @@ def test_fab_plan_json_on_a_gke_stack_config(tmp_path):
     env = {**os.environ, "TPU_RL_JOBS": str(jobs), "TPU_RL_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}
     fab = str(Path(sys.executable).with_name("fab"))
     try:
-        shown = subprocess.run([fab, "plan", "--json", "--stack", "gke-test"], env=env, capture_output=True, text=True)
-        as_yaml = subprocess.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
+        shown = fabfork.run([fab, "plan", "--json", "--stack", "gke-test"], env=env, capture_output=True, text=True)
+        as_yaml = fabfork.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
         pipeline.write_text(pipeline.read_text().replace(f"  image: {IMAGE}", '  image: ""'))
-        no_image = subprocess.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
+        no_image = fabfork.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
     finally:
         stack.unlink()
     assert shown.returncode == 0, shown.stderr
@@ -234,7 +233,7 @@ def test_a_broken_stack_file_is_one_line_with_its_line(tmp_path, text, message):
     stack.write_text(text)
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}
     try:
-        result = subprocess.run(
+        result = fabfork.run(
             [str(Path(sys.executable).with_name("fab")), "plan", "--stack", name],
             env=env,
             capture_output=True,
@@ -247,7 +246,7 @@ def test_a_broken_stack_file_is_one_line_with_its_line(tmp_path, text, message):
 
 
 def test_a_stack_name_that_is_a_path_is_refused():
-    result = subprocess.run(
+    result = fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan", "--stack", "../etc"],
         capture_output=True,
         text=True,

@@ -15,6 +15,7 @@ from bootstrap.errors import UserError
 from bootstrap.jobs import load
 from bootstrap.jobs.plan import check_local
 from bootstrap.paths import REPO
+from tests import fabfork
 
 
 def load_checked(directory, overrides):
@@ -137,7 +138,7 @@ def test_all_problems_reported_at_once():
 
 
 def fab(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True, env=env
     )
 

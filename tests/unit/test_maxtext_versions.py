@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from bootstrap.errors import UserError
 from bootstrap.jobs import load, schedule, schema
 from bootstrap.jobs.plan import build, check_local
 from bootstrap.paths import REPO
+from tests import fabfork
 from tests.loopback import edit_yaml
 
 VERSIONS = schema.supported()
@@ -112,7 +112,7 @@ def test_each_versions_own_keys_pass(tmp_path, version, overrides):
 )
 def test_an_unsupported_or_unpinned_maxtext_is_refused_before_anything(tmp_path, package, message):
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "TPU_RL_JOBS": str(jobs_installing(tmp_path, package))}
-    result = subprocess.run(
+    result = fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan"], capture_output=True, text=True, env=env
     )
     assert result.returncode == 2 and result.stdout == "", result.stdout
@@ -133,7 +133,7 @@ def test_fab_plan_names_the_version(tmp_path, version):
         "TPU_RL_RUNS": str(tmp_path / "runs"),
         "TPU_RL_JOBS": str(jobs_installing(tmp_path, f"maxtext[tpu-post-train]=={version}")),
     }
-    result = subprocess.run(
+    result = fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan"], capture_output=True, text=True, env=env
     )
     assert f"0. setup: build the environment ~/maxtext_venv, MaxText {version} (" in result.stdout, result.stderr

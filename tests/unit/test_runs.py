@@ -2,7 +2,6 @@
 
 import json
 import os
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -13,6 +12,7 @@ from bootstrap.paths import REPO
 from bootstrap.remote import attempts, driver, evals, inventory, jobrunner
 from bootstrap.results import runs, side_by_side
 from bootstrap.results.runs import RunRecord
+from tests import fabfork
 
 
 def test_two_watchers_saving_one_record_at_once_both_succeed_and_it_stays_whole(tmp_path, monkeypatch):
@@ -65,7 +65,7 @@ def test_fab_runs_puts_this_machines_runs_side_by_side(tmp_path, monkeypatch):
         RunRecord(
             name, jobs=jobs, evals=scored[name], results=kept, settings=[f"vars.num_batches={len(name)}"], chips=8
         ).save()
-    result = subprocess.run(
+    result = fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs", "--json"],
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}, check=True,
     )  # fmt: skip
@@ -75,7 +75,7 @@ def test_fab_runs_puts_this_machines_runs_side_by_side(tmp_path, monkeypatch):
     assert rows["r1"]["chip_hours"] == 4.0 and rows["r1"]["state"] == "done" and rows["r1"]["mean_reward"] == 0.4
     assert rows["r2"]["kept"] == {"publish-hub": "held back: publish_if: improved, and it did not"}
     assert rows["r1"]["settings"] == ["vars.num_batches=2"]
-    table = subprocess.run(
+    table = fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs"],
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "COLUMNS": "200"},
     )  # fmt: skip
@@ -88,7 +88,7 @@ def test_output_piped_to_a_file_or_a_pager_is_not_wrapped(tmp_path, monkeypatch)
     monkeypatch.setenv("TPU_RL_RUNS", str(runs_dir))
     kept = {"publish-hub": "held back: publish_if: improved, and it did not improve beyond the interval of 64 problems"}
     RunRecord("a-run-2026-12-05-01-02-03", results=kept, settings=[], chips=8).save()
-    table = subprocess.run(
+    table = fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs"],
         capture_output=True,
         text=True,

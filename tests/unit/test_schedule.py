@@ -15,6 +15,7 @@ from bootstrap.errors import UserError
 from bootstrap.jobs import load, schedule, schema
 from bootstrap.jobs.plan import build, check_local
 from bootstrap.paths import REPO
+from tests import fabfork
 
 UNSIZED = "train.learning_rate_schedule_steps=-1"  # the reference workload: the key left at MaxText's default
 
@@ -24,7 +25,7 @@ def train_job(overrides=()):
 
 
 def fab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return fabfork.run(
         [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True
     )
 

@@ -13,6 +13,7 @@ import pytest
 from bootstrap import secrets
 from bootstrap.errors import UserError
 from bootstrap.paths import REPO
+from tests import fabfork
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_fab_says_so_in_one_line(hf_home: Path, tmp_path: Path):
     (hf_home / "token").mkdir()
     fab = Path(sys.executable).with_name("fab")
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}
-    shown = subprocess.run([fab, "-r", str(REPO), "plan"], env=env, capture_output=True, text=True, timeout=120)
+    shown = fabfork.run([fab, "-r", str(REPO), "plan"], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 2
     assert (
         shown.stderr
