@@ -4,18 +4,20 @@ A `fab` command spends 0.5-0.6 CPU-s importing Fabric, Invoke, Paramiko, rich, p
 its first argument: most of what a refused command costs, and the suite runs about 400 of them. Each process of the
 tests (an xdist worker) starts one server, `python tests/fabfork.py`, which imports them once, with the interpreter
 the `fab` script names. Each `run()` is then a child forked from it: its own process, with the call's argv,
-environment, working folder and standard streams, running the console script's `program.run()`. Those packages read
-nothing from the environment as they are imported (invoke's INVOKE_DEBUG aside, compared below); tpu-rl's modules,
-which do, are imported in each child as in a new `fab`.
+environment, working folder and standard streams, running the console script's `program.run()`; tpu-rl's modules,
+which read variables as they load, are imported in each child as in a new `fab`.
 
-A call a forked child would not run as a new process runs as one (subprocess.run): one whose environment differs
-from the server's in what Python or invoke read as they start (PYTHON*, the locale, INVOKE_DEBUG), or that passes a
-keyword beyond run()'s. Where a test measures fab's own start (its CPU time and memory: test_bad_inputs.py), it
-starts fab itself.
+What the child keeps from the server: what its packages read as they loaded (Python's and invoke's variables, the
+locale, the time zone, OpenSSL's), its umask and limits, its hash seed, and its command line in /proc. So a call
+whose environment differs from the server's in one of those variables starts fab anew (subprocess.run), as does a
+call with a keyword or a stream run() does not take. The output goes to files, not pipes: a process fab leaves
+holding them does not hold the call. Where a test measures fab's own start (its CPU time and memory:
+test_bad_inputs.py) or stops it midway, it starts fab itself.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import locale
@@ -31,33 +33,51 @@ from pathlib import Path
 
 # What `fab` imports before a task runs: the console script's module, then what the fabfile and the tasks use.
 PRELOADED = ("fabric.main", "rich.console", "rich.table", "rich.progress", "pydantic", "pydantic.main", "yaml")
-READ_AT_START = ("LANG", "LC_ALL", "LC_CTYPE", "INVOKE_DEBUG")  # with every PYTHON* variable
+READ_AT_START = ("LANG", "TZ", "INVOKE_DEBUG")  # and every variable with a prefix below
+READ_AT_START_PREFIXES = ("PYTHON", "LC_", "OPENSSL", "CRYPTOGRAPHY")
 START_SECONDS = 120  # its imports, on a busy machine
 HANDLED = {"env", "cwd", "input", "stdin", "timeout", "text", "capture_output", "stdout", "stderr", "check"}
+FAB = str(Path(sys.executable).with_name("fab"))
 
 
 def run(args: list[str], **options) -> subprocess.CompletedProcess:
     """subprocess.run(args, **options) for a `fab` command (args[0], the venv's fab), forked from the server."""
-    env = options.get("env") or os.environ
-    server_env = _server().env
-    fresh_start = any(
-        env.get(k) != server_env.get(k) for k in {*env, *server_env} if k.startswith("PYTHON") or k in READ_AT_START
-    )
-    plain = HANDLED.issuperset(options) and options.get("stdin") in (None, subprocess.DEVNULL)
-    if fresh_start or not plain or str(args[0]) != _server().fab:
+    if not _forkable(args, options):
         return subprocess.run(args, **options)
-    return _server().run(list(map(str, args)), {**options, "env": dict(env)})
+    env = os.environ if options.get("env") is None else options["env"]
+    server = _server()
+    if any(env.get(k) != server.env.get(k) for k in {*env, *server.env} if _read_at_start(k)):
+        return subprocess.run(args, **options)
+    return server.run(list(map(str, args)), {**options, "env": dict(env)})
+
+
+def forks() -> int:
+    """How many calls of this process a forked child ran."""
+    return _servers[os.getpid()].forked if os.getpid() in _servers else 0
+
+
+def _forkable(args: list[str], options: dict) -> bool:
+    """fab, with keywords run() takes: both streams captured (or neither), stdin /dev/null, `input` or inherited."""
+    captured = options.get("capture_output") and not {"stdout", "stderr"} & set(options)
+    piped = options.get("stdout") == subprocess.PIPE and options.get("stderr") in (subprocess.PIPE, subprocess.STDOUT)
+    neither = not ({"capture_output", "stdout", "stderr"} & set(options))
+    stdin = options.get("stdin") is None or (options["stdin"] == subprocess.DEVNULL and options.get("input") is None)
+    return str(args[0]) == FAB and HANDLED.issuperset(options) and bool(captured or piped or neither) and stdin
+
+
+def _read_at_start(name: str) -> bool:
+    return name in READ_AT_START or name.startswith(READ_AT_START_PREFIXES)
 
 
 class _Server:
     """One process's fork server: started on first use, gone when that process ends (its lifeline closes)."""
 
-    def __init__(self, fab: str):
-        self.fab = fab
-        self.folder = tempfile.mkdtemp(prefix="fabfork-")
-        self.path = os.path.join(self.folder, "socket")
+    def __init__(self):
+        self.forked = 0
+        self.path = os.path.join(tempfile.mkdtemp(prefix="fabfork-"), "socket")
         self.env = dict(os.environ)
-        interpreter = Path(fab).read_text().splitlines()[0].removeprefix("#!").strip()  # the script's own python
+        shebang = Path(FAB).read_text().splitlines()[0].removeprefix("#!").strip()
+        interpreter = shebang if Path(shebang).name.startswith("python") else sys.executable  # not pip's sh trampoline
         lifeline, self._lifeline = os.pipe()
         self.process = subprocess.Popen(
             [interpreter, __file__, self.path, str(lifeline)],
@@ -69,38 +89,56 @@ class _Server:
         os.close(lifeline)
         started, _, _ = select.select([self.process.stdout], [], [], START_SECONDS)
         ready = self.process.stdout.readline() if started else b""
-        assert ready == b"ready\n", f"the fab fork server did not start in {START_SECONDS} s: {ready!r}"
+        if ready != b"ready\n":
+            self.stop()
+            raise RuntimeError(f"the fab fork server did not start in {START_SECONDS} s: {ready!r}")
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Close its lifeline, and wait for it to go (it removes its socket)."""
+        with contextlib.suppress(OSError):
+            os.close(self._lifeline)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
     def run(self, args: list[str], options: dict) -> subprocess.CompletedProcess:
         text = options.get("text", False)
         pipe = options.get("capture_output") or options.get("stdout") == subprocess.PIPE
         merged = options.get("stderr") == subprocess.STDOUT
         with contextlib.ExitStack() as files:
-            stdin = files.enter_context(tempfile.TemporaryFile()) if "input" in options else None
+            stdin = files.enter_context(tempfile.TemporaryFile()) if options.get("input") is not None else None
             if stdin is not None:
-                data = options["input"] or b""
-                stdin.write(data.encode() if isinstance(data, str) else data)
+                data = options["input"]
+                stdin.write(data.encode(locale.getpreferredencoding(False)) if isinstance(data, str) else data)
                 stdin.seek(0)
             elif options.get("stdin") == subprocess.DEVNULL:
                 stdin = files.enter_context(open(os.devnull, "rb"))
             out = files.enter_context(tempfile.TemporaryFile()) if pipe else None
             err = out if merged else files.enter_context(tempfile.TemporaryFile()) if pipe else None
             fds = [(f.fileno() if f else fd) for f, fd in ((stdin, 0), (out, 1), (err, 2))]
-            request = {"argv": args, "env": options["env"], "cwd": str(options.get("cwd") or os.getcwd())}
+            request = {"argv": args, "env": options["env"], "cwd": os.path.abspath(options.get("cwd") or os.getcwd())}
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.connect(self.path)
                 socket.send_fds(conn, [json.dumps(request).encode()], fds)
-                pid = int(conn.recv(64))
-                conn.settimeout(options.get("timeout"))
+                pid = int(conn.recv(64) or b"0")
+                if not pid:
+                    raise RuntimeError(f"the fab fork server could not start {args}: see its stderr")
+                self.forked += 1
+                timeout = options.get("timeout")
+                conn.settimeout(None if timeout is None else max(timeout, 0.001))
                 try:
                     code = int(conn.recv(64))
-                except TimeoutError:
-                    os.kill(pid, signal.SIGKILL)
+                except BaseException as stopped:  # the timeout, or the test's own end: fab goes too, as with run
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
                     conn.settimeout(None)
                     conn.recv(64)
-                    raise subprocess.TimeoutExpired(
-                        args, options["timeout"], _read(out, text), _read(err, text)
-                    ) from None
+                    if isinstance(stopped, TimeoutError):
+                        raise subprocess.TimeoutExpired(args, timeout, _read(out, False), _read(err, False)) from None
+                    raise
             result = subprocess.CompletedProcess(args, code, _read(out, text), None if merged else _read(err, text))
         if options.get("check"):
             result.check_returncode()
@@ -122,10 +160,12 @@ _lock = threading.Lock()
 
 
 def _server() -> _Server:
+    """This process's server; a new one if it has none, or if its own ended."""
     with _lock:
-        if os.getpid() not in _servers:
-            _servers[os.getpid()] = _Server(str(Path(sys.executable).with_name("fab")))
-        return _servers[os.getpid()]
+        server = _servers.get(os.getpid())
+        if server is None or server.process.poll() is not None:
+            server = _servers[os.getpid()] = _Server()
+        return server
 
 
 # --- the server --------------------------------------------------------------------------------------------------
@@ -146,24 +186,33 @@ def serve(path: str, lifeline: int) -> dict | None:
             return None
         if listener not in ready:
             continue
-        conn, _ = listener.accept()
-        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-        if os.fork() == 0:  # the waiter: forks the child, says its pid, then how it ended
+        conn, fds, waiter = listener.accept()[0], [], None
+        try:  # one request that fails (a fork refused on a busy machine) fails its call only
+            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            waiter = os.fork()
+        except OSError as error:
+            print(f"fabfork: {error}", file=sys.stderr)
+        if waiter == 0:
             listener.close()
             os.close(lifeline)
-            child = os.fork()
-            if child == 0:
-                conn.close()
-                return _become(json.loads(data), fds)
-            for fd in fds:
-                os.close(fd)
-            conn.send(str(child).encode())
-            _, status = os.waitpid(child, 0)
-            conn.send(str(os.waitstatus_to_exitcode(status)).encode())
-            os._exit(0)
+            return _wait_for_child(conn, json.loads(data), fds)
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+def _wait_for_child(conn: socket.socket, request: dict, fds: list[int]) -> dict:
+    """The waiter: forks the child, says its pid, then how it ended. In the child, returns its request."""
+    child = os.fork()
+    if child == 0:
+        conn.close()
+        return _become(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.send(str(child).encode())
+    _, status = os.waitpid(child, 0)
+    conn.send(str(os.waitstatus_to_exitcode(status)).encode())
+    os._exit(0)
 
 
 def _become(request: dict, fds: list[int]) -> dict:
@@ -175,6 +224,7 @@ def _become(request: dict, fds: list[int]) -> dict:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = request["argv"]
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is fab's again
     return request
 
 
@@ -187,9 +237,15 @@ if __name__ == "__main__":
         importlib.import_module(module)
     assert threading.active_count() == 1, "a preloaded module started a thread: forking would copy it stopped"
     gc.freeze()  # what the children share stays shared
-    if serve(sys.argv[1], int(sys.argv[2])) is None:  # the tests' process has ended
-        os.unlink(sys.argv[1])
-        os.rmdir(os.path.dirname(sys.argv[1]))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tests' Ctrl-C ends them, which closes the lifeline
+    server = os.getpid()
+    try:
+        request = serve(sys.argv[1], int(sys.argv[2]))
+    finally:
+        if os.getpid() == server:
+            os.unlink(sys.argv[1])
+            os.rmdir(os.path.dirname(sys.argv[1]))
+    if request is None:  # the tests' process has ended
         sys.exit(0)
     from fabric.main import program
 
