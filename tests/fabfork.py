@@ -23,6 +23,7 @@ import json
 import locale
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -56,13 +57,21 @@ def forks() -> int:
     return _servers[os.getpid()].forked if os.getpid() in _servers else 0
 
 
+def last_exit() -> int | None:
+    """How the last forked child of this process ended, as its waiter saw it (-9: killed)."""
+    return _servers[os.getpid()].last_exit if os.getpid() in _servers else None
+
+
 def _forkable(args: list[str], options: dict) -> bool:
     """fab, with keywords run() takes: both streams captured (or neither), stdin /dev/null, `input` or inherited."""
     captured = options.get("capture_output") and not {"stdout", "stderr"} & set(options)
     piped = options.get("stdout") == subprocess.PIPE and options.get("stderr") in (subprocess.PIPE, subprocess.STDOUT)
     neither = not ({"capture_output", "stdout", "stderr"} & set(options))
     stdin = options.get("stdin") is None or (options["stdin"] == subprocess.DEVNULL and options.get("input") is None)
-    return str(args[0]) == FAB and HANDLED.issuperset(options) and bool(captured or piped or neither) and stdin
+    text_input = not isinstance(options.get("input"), str) or options.get("text")
+    folder = options.get("cwd") is None or os.path.isdir(options["cwd"])  # run raises where it is not
+    streams = bool(captured or piped or neither)
+    return str(args[0]) == FAB and HANDLED.issuperset(options) and streams and stdin and text_input and folder
 
 
 def _read_at_start(name: str) -> bool:
@@ -72,8 +81,8 @@ def _read_at_start(name: str) -> bool:
 class _Server:
     """One process's fork server: started on first use, gone when that process ends (its lifeline closes)."""
 
-    def __init__(self):
-        self.forked = 0
+    def __init__(self, forked: int = 0):
+        self.forked, self.last_exit = forked, None
         self.path = os.path.join(tempfile.mkdtemp(prefix="fabfork-"), "socket")
         self.env = dict(os.environ)
         shebang = Path(FAB).read_text().splitlines()[0].removeprefix("#!").strip()
@@ -123,26 +132,37 @@ class _Server:
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.connect(self.path)
                 socket.send_fds(conn, [json.dumps(request).encode()], fds)
-                pid = int(conn.recv(64) or b"0")
-                if not pid:
-                    raise RuntimeError(f"the fab fork server could not start {args}: see its stderr")
-                self.forked += 1
-                timeout = options.get("timeout")
-                conn.settimeout(None if timeout is None else max(timeout, 0.001))
-                try:
-                    code = int(conn.recv(64))
-                except BaseException as stopped:  # the timeout, or the test's own end: fab goes too, as with run
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                    conn.settimeout(None)
-                    conn.recv(64)
-                    if isinstance(stopped, TimeoutError):
-                        raise subprocess.TimeoutExpired(args, timeout, _read(out, False), _read(err, False)) from None
-                    raise
+                code = self._wait(conn, args, options.get("timeout"), out, None if merged else err)
             result = subprocess.CompletedProcess(args, code, _read(out, text), None if merged else _read(err, text))
         if options.get("check"):
             result.check_returncode()
         return result
+
+    def _wait(self, conn: socket.socket, args: list[str], timeout: float | None, out, err) -> int:
+        """The child's exit code. At the timeout, or any other end of the wait, the child is killed first."""
+        pid = 0
+        try:
+            pid = int(conn.recv(64) or b"0")
+            if not pid:
+                raise RuntimeError(f"the fab fork server could not start {args}: see its stderr")
+            self.forked += 1
+            conn.settimeout(None if timeout is None else max(timeout, 0.001))
+            ended = conn.recv(64)
+        except BaseException as stopped:  # the timeout, or the test's own end: fab goes too, as with run
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                conn.settimeout(None)
+                self.last_exit = int(conn.recv(64) or b"0") or None
+            if isinstance(stopped, TimeoutError) and pid:
+                raise subprocess.TimeoutExpired(
+                    args, timeout, _read(out, False) or None, _read(err, False) or None
+                ) from None
+            raise
+        if not ended:
+            raise RuntimeError(f"the fab fork server's waiter for {args} ended without its exit code")
+        self.last_exit = int(ended)
+        return self.last_exit
 
 
 def _read(file, text: bool) -> str | bytes | None:
@@ -164,7 +184,10 @@ def _server() -> _Server:
     with _lock:
         server = _servers.get(os.getpid())
         if server is None or server.process.poll() is not None:
-            server = _servers[os.getpid()] = _Server()
+            if server is not None:  # it died: its lifeline and folder go
+                server.stop()
+                shutil.rmtree(os.path.dirname(server.path), ignore_errors=True)
+            server = _servers[os.getpid()] = _Server(server.forked if server else 0)
         return server
 
 
@@ -186,8 +209,9 @@ def serve(path: str, lifeline: int) -> dict | None:
             return None
         if listener not in ready:
             continue
-        conn, fds, waiter = listener.accept()[0], [], None
+        conn, fds, waiter = None, [], None
         try:  # one request that fails (a fork refused on a busy machine) fails its call only
+            conn = listener.accept()[0]
             data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
             waiter = os.fork()
         except OSError as error:
@@ -198,7 +222,8 @@ def serve(path: str, lifeline: int) -> dict | None:
             return _wait_for_child(conn, json.loads(data), fds)
         for fd in fds:
             os.close(fd)
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def _wait_for_child(conn: socket.socket, request: dict, fds: list[int]) -> dict:
@@ -209,7 +234,10 @@ def _wait_for_child(conn: socket.socket, request: dict, fds: list[int]) -> dict:
         return _become(request, fds)
     for fd in fds:
         os.close(fd)
-    conn.send(str(child).encode())
+    try:
+        conn.send(str(child).encode())
+    except OSError:  # the caller has gone: so does its command
+        os.kill(child, signal.SIGKILL)
     _, status = os.waitpid(child, 0)
     conn.send(str(os.waitstatus_to_exitcode(status)).encode())
     os._exit(0)
@@ -224,7 +252,7 @@ def _become(request: dict, fds: list[int]) -> dict:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = request["argv"]
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C is fab's again
+    signal.signal(signal.SIGINT, _SIGINT_AT_START)  # Ctrl-C is fab's again, as the server's Python found it
     return request
 
 
@@ -237,6 +265,7 @@ if __name__ == "__main__":
         importlib.import_module(module)
     assert threading.active_count() == 1, "a preloaded module started a thread: forking would copy it stopped"
     gc.freeze()  # what the children share stays shared
+    _SIGINT_AT_START = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the tests' Ctrl-C ends them, which closes the lifeline
     server = os.getpid()
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,21 +32,23 @@ def test_a_forked_fab_prints_and_exits_as_a_new_one(args, tmp_path):
 
 
 def test_each_child_takes_its_own_calls_environment_and_folder(tmp_path, monkeypatch):
-    """Two calls, each with its working folder holding a run: TPU_RL_RUNS=runs, relative to it. Each lists its own."""
-    listed = []
-    monkeypatch.setenv("TPU_RL_RUNS", "runs")
+    """Two calls from one folder, each given another working folder that holds a run: TPU_RL_RUNS=runs, relative
+    to it. Each lists its own run, so each child took its call's folder and variables."""
     for name in ("first", "second"):
-        folder = tmp_path / name
-        folder.mkdir()
-        monkeypatch.chdir(folder)
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv("TPU_RL_RUNS", str(tmp_path / name / "runs"))
         RunRecord(f"run-{name}", results={}, settings=[], chips=8).save()
-        env = {**os.environ, "HOME": str(folder)}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TPU_RL_RUNS", "runs")
+    forks, listed = fabfork.forks(), []
+    for name in ("first", "second"):
+        env = {**os.environ, "HOME": str(tmp_path / name)}
         shown = fabfork.run(
-            [FAB, "-r", str(REPO), "runs", "--json"], env=env, cwd=folder, capture_output=True, timeout=120
+            [FAB, "-r", str(REPO), "runs", "--json"], env=env, cwd=name, capture_output=True, timeout=120
         )
         assert shown.returncode == 0, shown.stderr
         listed.append([row["run"] for row in json.loads(shown.stdout)])
-    assert listed == [["run-first"], ["run-second"]]
+    assert listed == [["run-first"], ["run-second"]] and fabfork.forks() == forks + 2
 
 
 def test_the_server_imports_no_tpu_rl_module_nor_a_client_that_reads_variables_as_it_loads():
@@ -70,16 +73,18 @@ def test_what_is_read_as_a_python_starts_gets_a_new_process(variable, tmp_path):
     assert shown.stderr.startswith("started anew") == (variable == "PYTHONPATH")
 
 
-def test_a_call_past_its_timeout_raises_as_run_does_and_the_next_call_is_served(tmp_path):
-    """fab waits on an address that answers nothing; the call ends at its timeout with run's TimeoutExpired."""
+def test_a_call_past_its_timeout_kills_the_child_and_raises_as_run_does(tmp_path):
+    """fab waits on an address that answers nothing (15 s before it gives up on SSH, 30 on the Hub); the call ends at
+    its 3 s timeout with run's TimeoutExpired, the child killed, and the next call is forked as before."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         env = {**os.environ, "HOME": str(tmp_path), "HF_TOKEN": "hf_" + "x" * 34, "HF_ENDPOINT": f"http://{address}"}
         command = [FAB, "-r", str(REPO), "-H", address, "train"]
+        forks = fabfork.forks()
         with pytest.raises(subprocess.TimeoutExpired) as raised:
             fabfork.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3)
-    assert raised.value.timeout == 3 and isinstance(raised.value.stderr, bytes)  # bytes, as run's on POSIX
+    assert raised.value.timeout == 3 and fabfork.last_exit() == -signal.SIGKILL and fabfork.forks() == forks + 1
     again = fabfork.run([FAB, "-r", str(REPO), "--list"], capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "train" in again.stdout
+    assert again.returncode == 0 and "train" in again.stdout and fabfork.forks() == forks + 2
