@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests import computestub, gcsemulator, gcslayer
+from tests import computestub, fabfork, gcsemulator, gcslayer
 
 # Where PYTHONDONTWRITEBYTECODE is set (the sandbox this project is built in sets it), every Python the tests start
 # (fab; each campaign case's driver, runners and tools; MaxText's validator) would compile its modules again: they
@@ -20,6 +20,7 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+fabfork.ENABLED = True  # the tests' fab forked (tests/fabfork.py); the benchmarks start it as a user does
 ONE_WORKER = ("tests/unit/test_tracking.py",)  # modules run whole on one worker: their fixtures are costly
 RELEASE = re.compile(r"\[(?:[^]]*-)?(\d+\.\d+\.\d+)(?:-[^]]*)?\]$")  # a test id's MaxText release: [0.2.3]
 

@@ -11,8 +11,8 @@ What the child keeps from the server: what its packages read as they loaded (Pyt
 locale, the time zone, OpenSSL's), its umask and limits, its hash seed, and its command line in /proc. So a call
 whose environment differs from the server's in one of those variables starts fab anew (subprocess.run), as does a
 call with a keyword or a stream run() does not take. The output goes to files, not pipes: a process fab leaves
-holding them does not hold the call. Where a test measures fab's own start (its CPU time and memory:
-test_bad_inputs.py) or stops it midway, it starts fab itself.
+holding them does not hold the call. A test that stops fab midway starts it itself; test_bad_inputs.py, which bounds
+fab's CPU, adds start_cpu() (the server's imports, which every new fab spends) to each child's last_usage().
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import contextlib
 import json
 import locale
 import os
+import resource
 import select
 import shutil
 import signal
@@ -39,17 +40,30 @@ READ_AT_START_PREFIXES = ("PYTHON", "LC_", "OPENSSL", "CRYPTOGRAPHY")
 START_SECONDS = 120  # its imports, on a busy machine
 HANDLED = {"env", "cwd", "input", "stdin", "timeout", "text", "capture_output", "stdout", "stderr", "check"}
 FAB = str(Path(sys.executable).with_name("fab"))
+ENABLED = False  # tests/conftest.py turns it on; the benchmarks, which time fab, start each one anew
 
 
-def run(args: list[str], **options) -> subprocess.CompletedProcess:
-    """subprocess.run(args, **options) for a `fab` command (args[0], the venv's fab), forked from the server."""
-    if not _forkable(args, options):
-        return subprocess.run(args, **options)
+def run(args: list[str], address_space: int | None = None, **options) -> subprocess.CompletedProcess:
+    """subprocess.run(args, **options) for a `fab` command (args[0], the venv's fab), forked from the server; with
+    `address_space`, the command's RLIMIT_AS."""
+    if not ENABLED or not _forkable(args, options):
+        return _new(args, address_space, options)
     env = os.environ if options.get("env") is None else options["env"]
     server = _server()
     if any(env.get(k) != server.env.get(k) for k in {*env, *server.env} if _read_at_start(k)):
-        return subprocess.run(args, **options)
-    return server.run(list(map(str, args)), {**options, "env": dict(env)})
+        return _new(args, address_space, options)
+    return server.run(list(map(str, args)), {**options, "env": dict(env), "address_space": address_space})
+
+
+def _new(args: list[str], address_space: int | None, options: dict) -> subprocess.CompletedProcess:
+    if address_space is not None:
+        options["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    return subprocess.run(args, **options)
+
+
+def start_cpu() -> float:
+    """The CPU-s this process's server spent on its imports: a new fab spends them too, a forked child does not."""
+    return _server().start_cpu
 
 
 def forks() -> int:
@@ -60,6 +74,11 @@ def forks() -> int:
 def last_exit() -> int | None:
     """How the last forked child of this process ended, as its waiter saw it (-9: killed)."""
     return _servers[os.getpid()].last_exit if os.getpid() in _servers else None
+
+
+def last_usage() -> tuple[float, int] | None:
+    """The last forked child's CPU-s (from its fork: its imports are start_cpu()'s) and peak resident KiB."""
+    return _servers[os.getpid()].last_usage if os.getpid() in _servers else None
 
 
 def _forkable(args: list[str], options: dict) -> bool:
@@ -82,7 +101,7 @@ class _Server:
     """One process's fork server: started on first use, gone when that process ends (its lifeline closes)."""
 
     def __init__(self, forked: int = 0):
-        self.forked, self.last_exit = forked, None
+        self.forked, self.last_exit, self.last_usage = forked, None, None
         self.path = os.path.join(tempfile.mkdtemp(prefix="fabfork-"), "socket")
         self.env = dict(os.environ)
         shebang = Path(FAB).read_text().splitlines()[0].removeprefix("#!").strip()
@@ -98,9 +117,10 @@ class _Server:
         os.close(lifeline)
         started, _, _ = select.select([self.process.stdout], [], [], START_SECONDS)
         ready = self.process.stdout.readline() if started else b""
-        if ready != b"ready\n":
+        if not ready.startswith(b"ready "):
             self.stop()
             raise RuntimeError(f"the fab fork server did not start in {START_SECONDS} s: {ready!r}")
+        self.start_cpu = float(ready.split()[1])
         atexit.register(self.stop)
 
     def stop(self) -> None:
@@ -128,7 +148,12 @@ class _Server:
             out = files.enter_context(tempfile.TemporaryFile()) if pipe else None
             err = out if merged else files.enter_context(tempfile.TemporaryFile()) if pipe else None
             fds = [(f.fileno() if f else fd) for f, fd in ((stdin, 0), (out, 1), (err, 2))]
-            request = {"argv": args, "env": options["env"], "cwd": os.path.abspath(options.get("cwd") or os.getcwd())}
+            request = {
+                "argv": args,
+                "env": options["env"],
+                "cwd": os.path.abspath(options.get("cwd") or os.getcwd()),
+                "address_space": options["address_space"],
+            }
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.connect(self.path)
                 socket.send_fds(conn, [json.dumps(request).encode()], fds)
@@ -153,7 +178,7 @@ class _Server:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 conn.settimeout(None)
-                self.last_exit = int(conn.recv(64) or b"0") or None
+                self._ended(conn.recv(64))
             if isinstance(stopped, TimeoutError) and pid:
                 raise subprocess.TimeoutExpired(
                     args, timeout, _read(out, False) or None, _read(err, False) or None
@@ -161,8 +186,14 @@ class _Server:
             raise
         if not ended:
             raise RuntimeError(f"the fab fork server's waiter for {args} ended without its exit code")
-        self.last_exit = int(ended)
+        self._ended(ended)
         return self.last_exit
+
+    def _ended(self, report: bytes) -> None:
+        """The waiter's report: the child's exit code, CPU-s and peak resident KiB (none if the waiter died)."""
+        code, cpu, rss = report.split() if report else (None, None, None)
+        self.last_exit = None if code is None else int(code)
+        self.last_usage = None if code is None else (float(cpu), int(rss))
 
 
 def _read(file, text: bool) -> str | bytes | None:
@@ -199,7 +230,8 @@ def serve(path: str, lifeline: int) -> dict | None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    print("ready", flush=True)
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"ready {used.ru_utime + used.ru_stime}", flush=True)
     while True:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:  # the waiters that have reported
@@ -238,8 +270,8 @@ def _wait_for_child(conn: socket.socket, request: dict, fds: list[int]) -> dict:
         conn.send(str(child).encode())
     except OSError:  # the caller has gone: so does its command
         os.kill(child, signal.SIGKILL)
-    _, status = os.waitpid(child, 0)
-    conn.send(str(os.waitstatus_to_exitcode(status)).encode())
+    _, status, usage = os.wait4(child, 0)
+    conn.send(f"{os.waitstatus_to_exitcode(status)} {usage.ru_utime + usage.ru_stime} {usage.ru_maxrss}".encode())
     os._exit(0)
 
 
@@ -249,6 +281,8 @@ def _become(request: dict, fds: list[int]) -> dict:
         os.dup2(fd, target)
         os.close(fd)
     os.chdir(request["cwd"])
+    if request["address_space"] is not None:
+        resource.setrlimit(resource.RLIMIT_AS, (request["address_space"],) * 2)
     os.environ.clear()
     os.environ.update(request["env"])
     sys.argv = request["argv"]

@@ -250,8 +250,7 @@ class Fab(Runs):
         }
 
     def command(self, *args: str) -> list[str]:
-        fab = Path(sys.executable).with_name("fab")
-        return [str(fab), "-r", str(REPO), "-H", self.host.target, "-i", str(self.host.key), *args]
+        return [fabfork.FAB, "-r", str(REPO), "-H", self.host.target, "-i", str(self.host.key), *args]
 
     def job_dir(self, run: str, job: str) -> Path:
         return self.tmp / "state" / "runs" / run / job

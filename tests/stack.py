@@ -17,10 +17,9 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 from bootstrap.vm import compute as compute_api
-from tests import computestub
+from tests import computestub, fabfork
 from tests.loopback import REPO, Fab, Runs, write_hub_cache
 
 INSTANCE = "tpu-rl-v6e-8"
@@ -104,7 +103,7 @@ class Stack(Runs):
         }
 
     def command(self, *args: str) -> list[str]:
-        return [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "-i", str(self.fab.host.key), *args]
+        return [fabfork.FAB, "-r", str(REPO), "-i", str(self.fab.host.key), *args]
 
 
 def closed_port() -> int:

@@ -13,10 +13,8 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -96,7 +94,7 @@ def fab(cluster, tmp_path, gcs_emulator):
         "COLUMNS": "200",
     }
 
-    command = [str(Path(sys.executable).with_name("fab")), "-r", str(REPO)]
+    command = [fabfork.FAB, "-r", str(REPO)]
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return fabfork.run(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ def maxtext_python() -> Path:
 
 def fab(*args: str, jobs: Path = REPO / "jobs") -> subprocess.CompletedProcess:
     return fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args],
+        [fabfork.FAB, "-r", str(REPO), *args],
         capture_output=True,
         text=True,
         env={**os.environ, "TPU_RL_JOBS": str(jobs)},

@@ -17,7 +17,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,10 +25,10 @@ from bootstrap import secrets
 from bootstrap.demo import rehearsal
 from bootstrap.paths import JOBS_ENV, REPO
 from bootstrap.remote import jobrunner, processes
+from tests import fabfork
 from tests.loopback import edit_yaml
 from tests.maxtext_cpu.conftest import COMPILE_CACHE, EIGEN_ONE_THREAD
 
-FAB = Path(sys.executable).with_name("fab")
 RESULT = re.compile(r"result: GSM8K accuracy ([\d.]+)% -> ([\d.]+)% \(([+-][\d.]+) points, 95% interval \+-([\d.]+)\)")
 
 
@@ -47,7 +46,7 @@ def demo(tmp: Path, *args: str, network: bool = True, task: str = "demo") -> sub
         **EIGEN_ONE_THREAD,  # the jobs' XLA, as on the tier's loopback VM
     }
     (tmp / "home").mkdir(exist_ok=True)
-    argv = [str(FAB), "-r", str(REPO), task, *args]
+    argv = [fabfork.FAB, "-r", str(REPO), task, *args]
     if not network:  # a network namespace of its own: not even loopback is up
         argv = ["unshare", "--map-root-user", "--net", *argv]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)

@@ -3,7 +3,9 @@
 Each case runs `fab train` against a listening socket that stands for both the VM and
 the Hugging Face Hub, so a case that got as far as contacting anything is seen. CPU
 time and peak memory are bounded (the process also runs under an address-space limit,
-so an input that blows up memory fails the case instead of the machine).
+so an input that blows up memory fails the case instead of the machine). Each case's
+fab is forked from tests/fabfork.py's server: its CPU is the child's and the server's
+imports, which every fab spends first; one case starts fab whole, the kernel counting all.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import resource
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +25,8 @@ import pytest
 
 from bootstrap.jobs import checked
 from bootstrap.paths import REPO
+from tests import fabfork
 
-FAB = str(Path(sys.executable).with_name("fab"))
 CPU_SECONDS = 2.0
 MAX_RSS_MB = 400
 ADDRESS_SPACE = 4 << 30
@@ -281,9 +282,11 @@ def limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
-def fab_train(tmp_path: Path, listener: socket.socket, case: Case, *options: str) -> tuple[int, str, str, object]:
-    """`fab train` with the case's jobs/ and arguments, the VM and the Hub both at `listener`: its exit code,
-    output, error and resource usage. Killed after 60 s."""
+def fab_train(
+    tmp_path: Path, listener: socket.socket, case: Case, *options: str, whole: bool = False
+) -> tuple[int, str, str, tuple[float, int]]:
+    """`fab train` with the case's jobs/ and arguments, the VM and the Hub both at `listener`, forked (or started
+    `whole`): its exit code, output, error, CPU-s and peak resident KiB. Killed after 60 s."""
     jobs = tmp_path / "jobs"
     if not jobs.exists():
         shutil.copytree(REPO / "jobs", jobs)
@@ -291,7 +294,13 @@ def fab_train(tmp_path: Path, listener: socket.socket, case: Case, *options: str
         path = jobs / case.file
         path.write_bytes(case.change(path.read_bytes()))
     port = listener.getsockname()[1]
-    command = [FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", *options, case.task, *case.args]
+    command = [fabfork.FAB, "-r", str(REPO), "-H", f"127.0.0.1:{port}", *options, case.task, *case.args]
+    if not whole:
+        env, forks = fab_env(tmp_path, port), fabfork.forks()
+        done = fabfork.run(command, env=env, capture_output=True, text=True, timeout=60, address_space=ADDRESS_SPACE)
+        assert fabfork.forks() == forks + 1, "fab was started anew, not forked: its CPU would be counted twice"
+        cpu, rss = fabfork.last_usage()
+        return done.returncode, done.stdout, done.stderr, (fabfork.start_cpu() + cpu, rss)
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
         process = subprocess.Popen(
             command, env=fab_env(tmp_path, port), stdout=out, stderr=err, preexec_fn=limit_memory
@@ -301,7 +310,12 @@ def fab_train(tmp_path: Path, listener: socket.socket, case: Case, *options: str
         _, status, usage = os.wait4(process.pid, 0)
         timer.cancel()
         out.seek(0), err.seek(0)
-        return os.waitstatus_to_exitcode(status), out.read(), err.read(), usage
+        return (
+            os.waitstatus_to_exitcode(status),
+            out.read(),
+            err.read(),
+            (usage.ru_utime + usage.ru_stime, usage.ru_maxrss),
+        )
 
 
 def fab_env(tmp_path: Path, port: int) -> dict[str, str]:
@@ -324,13 +338,23 @@ def one_clean_error(returncode: int, stdout: str, stderr: str, expect: str) -> N
     assert all(line.startswith("error: ") for line in lines) and len(lines) <= 3, stderr
 
 
-@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + NUMBER_CASES + RUN_NAME_CASES, ids=str)
-def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
-    returncode, stdout, stderr, usage = fab_train(tmp_path, listener, case)
+def refused_in_bounds(tmp_path: Path, listener: socket.socket, case: Case, whole: bool = False) -> None:
+    """One clean error, nothing contacted, within the CPU and memory bounds."""
+    returncode, stdout, stderr, (cpu, rss) = fab_train(tmp_path, listener, case, whole=whole)
     one_clean_error(returncode, stdout, stderr, case.expect)
     assert not contacted(listener), "contacted the VM or the Hub before refusing"
-    assert usage.ru_utime + usage.ru_stime < CPU_SECONDS
-    assert usage.ru_maxrss < MAX_RSS_MB * 1024
+    assert cpu < CPU_SECONDS
+    assert rss < MAX_RSS_MB * 1024
+
+
+@pytest.mark.parametrize("case", YAML_CASES + ARG_CASES + NUMBER_CASES + RUN_NAME_CASES, ids=str)
+def test_bad_input_is_one_clean_error(case: Case, tmp_path, listener):
+    refused_in_bounds(tmp_path, listener, case)
+
+
+def test_a_refusal_by_a_fab_started_whole_stays_within_the_same_bounds(tmp_path, listener):
+    """The bounds above, with fab started whole: its interpreter, its imports and the refusal, counted by the kernel."""
+    refused_in_bounds(tmp_path, listener, YAML_CASES[0], whole=True)
 
 
 def test_inputs_remembered_as_passed_dial_at_once_yet_a_failed_check_comes_first_and_waits_for_nothing(

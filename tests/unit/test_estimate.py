@@ -9,8 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -322,7 +320,7 @@ def test_a_job_done_already_in_an_earlier_run_is_not_this_runs_time(runs):
 
 def fab(*args: str, runs) -> subprocess.CompletedProcess:
     return fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args],
+        [fabfork.FAB, "-r", str(REPO), *args],
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(runs), "COLUMNS": "200"}, timeout=120,
     )  # fmt: skip
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,12 +16,12 @@ from bootstrap.paths import REPO
 from bootstrap.results.runs import RunRecord
 from tests import fabfork
 
-FAB = str(Path(sys.executable).with_name("fab"))
+OUT_OF_MEMORY = re.compile(r"MemoryError|memory allocation of \d+ bytes failed")  # Python's, or pydantic-core's
 
 
 @pytest.mark.parametrize("args", [["plan"], ["plan", "--run-name", "../x"], ["trian"], ["--list"]], ids=str)
 def test_a_forked_fab_prints_and_exits_as_a_new_one(args, tmp_path):
-    command = [FAB, "-r", str(REPO), *args]
+    command = [fabfork.FAB, "-r", str(REPO), *args]
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "COLUMNS": "120"}
     new = subprocess.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
     forks = fabfork.forks()
@@ -44,7 +44,7 @@ def test_each_child_takes_its_own_calls_environment_and_folder(tmp_path, monkeyp
     for name in ("first", "second"):
         env = {**os.environ, "HOME": str(tmp_path / name)}
         shown = fabfork.run(
-            [FAB, "-r", str(REPO), "runs", "--json"], env=env, cwd=name, capture_output=True, timeout=120
+            [fabfork.FAB, "-r", str(REPO), "runs", "--json"], env=env, cwd=name, capture_output=True, timeout=120
         )
         assert shown.returncode == 0, shown.stderr
         listed.append([row["run"] for row in json.loads(shown.stdout)])
@@ -68,7 +68,7 @@ def test_what_is_read_as_a_python_starts_gets_a_new_process(variable, tmp_path):
     (tmp_path / "sitecustomize.py").write_text("import sys; sys.stderr.write('started anew\\n')\n")
     env = {**os.environ, variable: str(tmp_path) if variable == "PYTHONPATH" else "XYZ+3"}
     forks = fabfork.forks()
-    shown = fabfork.run([FAB, "-r", str(REPO), "--list"], env=env, capture_output=True, text=True, timeout=120)
+    shown = fabfork.run([fabfork.FAB, "-r", str(REPO), "--list"], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "train" in shown.stdout and fabfork.forks() == forks
     assert shown.stderr.startswith("started anew") == (variable == "PYTHONPATH")
 
@@ -81,10 +81,25 @@ def test_a_call_past_its_timeout_kills_the_child_and_raises_as_run_does(tmp_path
         silent.listen(8)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         env = {**os.environ, "HOME": str(tmp_path), "HF_TOKEN": "hf_" + "x" * 34, "HF_ENDPOINT": f"http://{address}"}
-        command = [FAB, "-r", str(REPO), "-H", address, "train"]
+        command = [fabfork.FAB, "-r", str(REPO), "-H", address, "train"]
         forks = fabfork.forks()
         with pytest.raises(subprocess.TimeoutExpired) as raised:
             fabfork.run(command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=3)
     assert raised.value.timeout == 3 and fabfork.last_exit() == -signal.SIGKILL and fabfork.forks() == forks + 1
-    again = fabfork.run([FAB, "-r", str(REPO), "--list"], capture_output=True, text=True, timeout=120)
+    again = fabfork.run([fabfork.FAB, "-r", str(REPO), "--list"], capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "train" in again.stdout and fabfork.forks() == forks + 2
+
+
+def test_a_childs_usage_is_its_own_and_an_address_space_limit_reaches_it_forked_or_new(tmp_path):
+    """What test_bad_inputs.py bounds: a child's CPU-s and peak memory (the server's modules resident in it, as in a
+    new fab), the server's imports apart; and RLIMIT_AS, set in the child or, started anew, before fab runs."""
+    command, env = [fabfork.FAB, "-r", str(REPO), "plan"], {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}
+    planned = fabfork.run(command, env=env, capture_output=True, text=True, timeout=120)
+    cpu, rss = fabfork.last_usage()
+    assert planned.returncode == 0 and 0 < cpu < 30 and rss > 30 * 1024 and fabfork.start_cpu() > 0.05
+    forks = fabfork.forks()
+    limited = fabfork.run(command, env=env, capture_output=True, text=True, timeout=120, address_space=1 << 26)
+    assert limited.returncode != 0 and OUT_OF_MEMORY.search(limited.stderr) and fabfork.forks() == forks + 1
+    env["PYTHONPATH"] = str(tmp_path)  # read as Python starts: a new process
+    new = fabfork.run(command, env=env, capture_output=True, text=True, timeout=120, address_space=1 << 26)
+    assert new.returncode != 0 and OUT_OF_MEMORY.search(new.stderr) and fabfork.forks() == forks + 1

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from bootstrap.paths import REPO
-from tests import hubstub
-from tests.unit.test_stumbles import FAB, fab, jobs, one_line  # noqa: F401 - jobs: the fixture
+from tests import fabfork, hubstub
+from tests.unit.test_stumbles import fab, jobs, one_line  # noqa: F401 - jobs: the fixture
 
 __all__ = ["jobs"]
 
@@ -121,7 +121,11 @@ def test_help_piped_to_head_ends_quietly(tmp_path):
     """Bare `fab --help` prints before fab loads any of this project's code (fabric's own entry point): not here."""
     for args in (["--list"], ["--help", "train"], ["plan"]):
         piped = subprocess.run(
-            f"{FAB} -r {REPO} {' '.join(args)} | head -1", shell=True, capture_output=True, text=True, timeout=60
+            f"{fabfork.FAB} -r {REPO} {' '.join(args)} | head -1",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert piped.stdout.strip() and piped.stderr == "", piped.stderr
 

@@ -12,9 +12,7 @@ import json
 import os
 import re
 import shutil
-import sys
 from argparse import Namespace
-from pathlib import Path
 
 import jinja2
 import pytest
@@ -202,7 +200,7 @@ def test_fab_plan_json_on_a_gke_stack_config(tmp_path):
     pipeline = jobs / "pipeline.yaml"
     pipeline.write_text(pipeline.read_text().replace('  image: ""', f"  image: {IMAGE}"))
     env = {**os.environ, "TPU_RL_JOBS": str(jobs), "TPU_RL_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}
-    fab = str(Path(sys.executable).with_name("fab"))
+    fab = fabfork.FAB
     try:
         shown = fabfork.run([fab, "plan", "--json", "--stack", "gke-test"], env=env, capture_output=True, text=True)
         as_yaml = fabfork.run([fab, "plan", "--stack", "gke-test"], env=env, capture_output=True, text=True)
@@ -234,7 +232,7 @@ def test_a_broken_stack_file_is_one_line_with_its_line(tmp_path, text, message):
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "HOME": str(tmp_path)}
     try:
         result = fabfork.run(
-            [str(Path(sys.executable).with_name("fab")), "plan", "--stack", name],
+            [fabfork.FAB, "plan", "--stack", name],
             env=env,
             capture_output=True,
             text=True,
@@ -247,7 +245,7 @@ def test_a_broken_stack_file_is_one_line_with_its_line(tmp_path, text, message):
 
 def test_a_stack_name_that_is_a_path_is_refused():
     result = fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan", "--stack", "../etc"],
+        [fabfork.FAB, "-r", str(REPO), "plan", "--stack", "../etc"],
         capture_output=True,
         text=True,
     )

@@ -138,9 +138,7 @@ def test_all_problems_reported_at_once():
 
 
 def fab(*args: str, env=None) -> subprocess.CompletedProcess:
-    return fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True, env=env
-    )
+    return fabfork.run([fabfork.FAB, "-r", str(REPO), *args], capture_output=True, text=True, env=env)
 
 
 def test_fab_plan_fails_fast_with_the_message():

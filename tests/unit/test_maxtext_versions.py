@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -112,9 +111,7 @@ def test_each_versions_own_keys_pass(tmp_path, version, overrides):
 )
 def test_an_unsupported_or_unpinned_maxtext_is_refused_before_anything(tmp_path, package, message):
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "TPU_RL_JOBS": str(jobs_installing(tmp_path, package))}
-    result = fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan"], capture_output=True, text=True, env=env
-    )
+    result = fabfork.run([fabfork.FAB, "-r", str(REPO), "plan"], capture_output=True, text=True, env=env)
     assert result.returncode == 2 and result.stdout == "", result.stdout
     assert "pipeline.yaml" in result.stderr and "environment.packages: " in result.stderr, result.stderr
     assert message in result.stderr and result.stderr.count("error:") == 1, result.stderr
@@ -133,9 +130,7 @@ def test_fab_plan_names_the_version(tmp_path, version):
         "TPU_RL_RUNS": str(tmp_path / "runs"),
         "TPU_RL_JOBS": str(jobs_installing(tmp_path, f"maxtext[tpu-post-train]=={version}")),
     }
-    result = fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "plan"], capture_output=True, text=True, env=env
-    )
+    result = fabfork.run([fabfork.FAB, "-r", str(REPO), "plan"], capture_output=True, text=True, env=env)
     assert f"0. setup: build the environment ~/maxtext_venv, MaxText {version} (" in result.stdout, result.stderr
 
 

@@ -2,7 +2,6 @@
 
 import json
 import os
-import sys
 import threading
 from pathlib import Path
 
@@ -66,7 +65,7 @@ def test_fab_runs_puts_this_machines_runs_side_by_side(tmp_path, monkeypatch):
             name, jobs=jobs, evals=scored[name], results=kept, settings=[f"vars.num_batches={len(name)}"], chips=8
         ).save()
     result = fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs", "--json"],
+        [fabfork.FAB, "-r", str(REPO), "runs", "--json"],
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}, check=True,
     )  # fmt: skip
     rows = {row["run"]: row for row in json.loads(result.stdout)}
@@ -76,7 +75,7 @@ def test_fab_runs_puts_this_machines_runs_side_by_side(tmp_path, monkeypatch):
     assert rows["r2"]["kept"] == {"publish-hub": "held back: publish_if: improved, and it did not"}
     assert rows["r1"]["settings"] == ["vars.num_batches=2"]
     table = fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs"],
+        [fabfork.FAB, "-r", str(REPO), "runs"],
         capture_output=True, text=True, env={**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs"), "COLUMNS": "200"},
     )  # fmt: skip
     assert table.returncode == 0 and "r1" in table.stdout and "45.5 -> 60.7" in table.stdout
@@ -89,7 +88,7 @@ def test_output_piped_to_a_file_or_a_pager_is_not_wrapped(tmp_path, monkeypatch)
     kept = {"publish-hub": "held back: publish_if: improved, and it did not improve beyond the interval of 64 problems"}
     RunRecord("a-run-2026-12-05-01-02-03", results=kept, settings=[], chips=8).save()
     table = fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), "runs"],
+        [fabfork.FAB, "-r", str(REPO), "runs"],
         capture_output=True,
         text=True,
         env={k: v for k, v in os.environ.items() if k != "COLUMNS"},  # readline exports COLUMNS to children

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,9 +23,7 @@ def train_job(overrides=()):
 
 
 def fab(*args: str) -> subprocess.CompletedProcess:
-    return fabfork.run(
-        [str(Path(sys.executable).with_name("fab")), "-r", str(REPO), *args], capture_output=True, text=True
-    )
+    return fabfork.run([fabfork.FAB, "-r", str(REPO), *args], capture_output=True, text=True)
 
 
 def test_the_shipped_job_sizes_the_schedule_to_its_50_steps():

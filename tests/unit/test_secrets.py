@@ -102,7 +102,7 @@ def test_a_token_path_that_is_not_a_file_is_refused_in_one_line(hf_home: Path, k
 def test_fab_says_so_in_one_line(hf_home: Path, tmp_path: Path):
     """Through fab's own error report, which redacts the token it looks up again."""
     (hf_home / "token").mkdir()
-    fab = Path(sys.executable).with_name("fab")
+    fab = fabfork.FAB
     env = {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}
     shown = fabfork.run([fab, "-r", str(REPO), "plan"], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 2

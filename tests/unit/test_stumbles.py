@@ -20,8 +20,6 @@ import pytest
 from bootstrap.paths import REPO
 from tests import fabfork, stubserver
 
-FAB = str(Path(sys.executable).with_name("fab"))
-
 
 @pytest.fixture
 def jobs(tmp_path) -> Path:
@@ -33,7 +31,9 @@ def jobs(tmp_path) -> Path:
 def fab(tmp_path: Path, jobs: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     environment = {**os.environ, "TPU_RL_JOBS": str(jobs), "TPU_RL_RUNS": str(tmp_path / "runs"), **env}
     environment["HOME"] = str(tmp_path)  # no hf auth login token, no known hosts of this machine
-    return fabfork.run([FAB, "-r", str(REPO), *args], capture_output=True, text=True, env=environment, timeout=120)
+    return fabfork.run(
+        [fabfork.FAB, "-r", str(REPO), *args], capture_output=True, text=True, env=environment, timeout=120
+    )
 
 
 def one_line(result: subprocess.CompletedProcess) -> str:
