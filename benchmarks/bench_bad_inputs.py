@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bootstrap.paths import REPO  # noqa: E402
-from tests.unit.test_bad_inputs import ARG_CASES, FAB, RUN_NAME_CASES, YAML_CASES  # noqa: E402
+from tests.fabfork import FAB  # noqa: E402
+from tests.unit.test_bad_inputs import ARG_CASES, RUN_NAME_CASES, YAML_CASES  # noqa: E402
 
 
 def main() -> None:

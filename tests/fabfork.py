@@ -8,11 +8,12 @@ environment, working folder and standard streams, running the console script's `
 which read variables as they load, are imported in each child as in a new `fab`.
 
 What the child keeps from the server: what its packages read as they loaded (Python's and invoke's variables, the
-locale, the time zone, OpenSSL's), its umask and limits, its hash seed, and its command line in /proc. So a call
+locale, the time zone, OpenSSL's), its umask and limits (but the address space a call gives), its hash seed, and its
+command line in /proc. So a call
 whose environment differs from the server's in one of those variables starts fab anew (subprocess.run), as does a
 call with a keyword or a stream run() does not take. The output goes to files, not pipes: a process fab leaves
-holding them does not hold the call. A test that stops fab midway starts it itself; test_bad_inputs.py, which bounds
-fab's CPU, adds start_cpu() (the server's imports, which every new fab spends) to each child's last_usage().
+holding them does not hold the call. A test that stops fab midway starts it itself. A forked call's result carries
+the child's usage; test_bad_inputs.py, which bounds fab's CPU and memory, adds the server's (start_usage()) to it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ PRELOADED = ("fabric.main", "rich.console", "rich.table", "rich.progress", "pyda
 READ_AT_START = ("LANG", "TZ", "INVOKE_DEBUG")  # and every variable with a prefix below
 READ_AT_START_PREFIXES = ("PYTHON", "LC_", "OPENSSL", "CRYPTOGRAPHY")
 START_SECONDS = 120  # its imports, on a busy machine
+REPORT_BYTES = 256  # a waiter's "code cpu rss", whole: a longer datagram would be cut without a word
 HANDLED = {"env", "cwd", "input", "stdin", "timeout", "text", "capture_output", "stdout", "stderr", "check"}
 FAB = str(Path(sys.executable).with_name("fab"))
 ENABLED = False  # tests/conftest.py turns it on; the benchmarks, which time fab, start each one anew
@@ -57,13 +59,16 @@ def run(args: list[str], address_space: int | None = None, **options) -> subproc
 
 def _new(args: list[str], address_space: int | None, options: dict) -> subprocess.CompletedProcess:
     if address_space is not None:
+        if "preexec_fn" in options:
+            raise ValueError("fabfork.run: address_space and preexec_fn both given")
         options["preexec_fn"] = lambda: resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
     return subprocess.run(args, **options)
 
 
-def start_cpu() -> float:
-    """The CPU-s this process's server spent on its imports: a new fab spends them too, a forked child does not."""
-    return _server().start_cpu
+def start_usage() -> tuple[float, int]:
+    """What this process's server used to import fab's modules, which a new fab uses too and a forked child does not
+    count: its CPU-s, and its resident KiB of files (code a child runs but has not touched is not in the child's)."""
+    return _server().start_usage
 
 
 def forks() -> int:
@@ -74,11 +79,6 @@ def forks() -> int:
 def last_exit() -> int | None:
     """How the last forked child of this process ended, as its waiter saw it (-9: killed)."""
     return _servers[os.getpid()].last_exit if os.getpid() in _servers else None
-
-
-def last_usage() -> tuple[float, int] | None:
-    """The last forked child's CPU-s (from its fork: its imports are start_cpu()'s) and peak resident KiB."""
-    return _servers[os.getpid()].last_usage if os.getpid() in _servers else None
 
 
 def _forkable(args: list[str], options: dict) -> bool:
@@ -101,7 +101,7 @@ class _Server:
     """One process's fork server: started on first use, gone when that process ends (its lifeline closes)."""
 
     def __init__(self, forked: int = 0):
-        self.forked, self.last_exit, self.last_usage = forked, None, None
+        self.forked, self.last_exit = forked, None
         self.path = os.path.join(tempfile.mkdtemp(prefix="fabfork-"), "socket")
         self.env = dict(os.environ)
         shebang = Path(FAB).read_text().splitlines()[0].removeprefix("#!").strip()
@@ -120,7 +120,7 @@ class _Server:
         if not ready.startswith(b"ready "):
             self.stop()
             raise RuntimeError(f"the fab fork server did not start in {START_SECONDS} s: {ready!r}")
-        self.start_cpu = float(ready.split()[1])
+        self.start_usage = float(ready.split()[1]), int(ready.split()[2])
         atexit.register(self.stop)
 
     def stop(self) -> None:
@@ -157,14 +157,16 @@ class _Server:
             with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
                 conn.connect(self.path)
                 socket.send_fds(conn, [json.dumps(request).encode()], fds)
-                code = self._wait(conn, args, options.get("timeout"), out, None if merged else err)
+                code, usage = self._wait(conn, args, options.get("timeout"), out, None if merged else err)
             result = subprocess.CompletedProcess(args, code, _read(out, text), None if merged else _read(err, text))
+            result.usage = usage
         if options.get("check"):
             result.check_returncode()
         return result
 
-    def _wait(self, conn: socket.socket, args: list[str], timeout: float | None, out, err) -> int:
-        """The child's exit code. At the timeout, or any other end of the wait, the child is killed first."""
+    def _wait(self, conn: socket.socket, args: list[str], timeout: float | None, out, err) -> tuple[int, tuple]:
+        """The child's exit code, CPU-s and peak resident KiB. At the timeout, or any other end of the wait, the child
+        is killed first."""
         pid = 0
         try:
             pid = int(conn.recv(64) or b"0")
@@ -172,13 +174,13 @@ class _Server:
                 raise RuntimeError(f"the fab fork server could not start {args}: see its stderr")
             self.forked += 1
             conn.settimeout(None if timeout is None else max(timeout, 0.001))
-            ended = conn.recv(64)
+            ended = conn.recv(REPORT_BYTES)
         except BaseException as stopped:  # the timeout, or the test's own end: fab goes too, as with run
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
                 conn.settimeout(None)
-                self._ended(conn.recv(64))
+                self.last_exit = self._report(conn.recv(REPORT_BYTES))[0]
             if isinstance(stopped, TimeoutError) and pid:
                 raise subprocess.TimeoutExpired(
                     args, timeout, _read(out, False) or None, _read(err, False) or None
@@ -186,14 +188,16 @@ class _Server:
             raise
         if not ended:
             raise RuntimeError(f"the fab fork server's waiter for {args} ended without its exit code")
-        self._ended(ended)
-        return self.last_exit
+        self.last_exit, cpu, rss = self._report(ended)
+        return self.last_exit, (cpu, rss)
 
-    def _ended(self, report: bytes) -> None:
+    @staticmethod
+    def _report(report: bytes) -> tuple[int | None, float | None, int | None]:
         """The waiter's report: the child's exit code, CPU-s and peak resident KiB (none if the waiter died)."""
-        code, cpu, rss = report.split() if report else (None, None, None)
-        self.last_exit = None if code is None else int(code)
-        self.last_usage = None if code is None else (float(cpu), int(rss))
+        if not report:
+            return None, None, None
+        code, cpu, rss = report.split()
+        return int(code), float(cpu), int(rss)
 
 
 def _read(file, text: bool) -> str | bytes | None:
@@ -231,7 +235,9 @@ def serve(path: str, lifeline: int) -> dict | None:
     listener.bind(path)
     listener.listen(64)
     used = resource.getrusage(resource.RUSAGE_SELF)
-    print(f"ready {used.ru_utime + used.ru_stime}", flush=True)
+    status = Path("/proc/self/status").read_text().splitlines()
+    files = next(line.split()[1] for line in status if line.startswith("RssFile:"))
+    print(f"ready {used.ru_utime + used.ru_stime} {files}", flush=True)
     while True:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:  # the waiters that have reported

@@ -4,8 +4,9 @@ Each case runs `fab train` against a listening socket that stands for both the V
 the Hugging Face Hub, so a case that got as far as contacting anything is seen. CPU
 time and peak memory are bounded (the process also runs under an address-space limit,
 so an input that blows up memory fails the case instead of the machine). Each case's
-fab is forked from tests/fabfork.py's server: its CPU is the child's and the server's
-imports, which every fab spends first; one case starts fab whole, the kernel counting all.
+fab is forked from tests/fabfork.py's server: its CPU and memory are the child's plus
+the server's imports (its code in memory), which every fab has first; one case starts
+fab whole, the kernel counting all.
 """
 
 from __future__ import annotations
@@ -299,8 +300,8 @@ def fab_train(
         env, forks = fab_env(tmp_path, port), fabfork.forks()
         done = fabfork.run(command, env=env, capture_output=True, text=True, timeout=60, address_space=ADDRESS_SPACE)
         assert fabfork.forks() == forks + 1, "fab was started anew, not forked: its CPU would be counted twice"
-        cpu, rss = fabfork.last_usage()
-        return done.returncode, done.stdout, done.stderr, (fabfork.start_cpu() + cpu, rss)
+        (cpu, rss), (start_cpu, start_files) = done.usage, fabfork.start_usage()
+        return done.returncode, done.stdout, done.stderr, (start_cpu + cpu, start_files + rss)
     with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
         process = subprocess.Popen(
             command, env=fab_env(tmp_path, port), stdout=out, stderr=err, preexec_fn=limit_memory
