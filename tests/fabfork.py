@@ -39,7 +39,7 @@ PRELOADED = ("fabric.main", "rich.console", "rich.table", "rich.progress", "pyda
 READ_AT_START = ("LANG", "TZ", "INVOKE_DEBUG")  # and every variable with a prefix below
 READ_AT_START_PREFIXES = ("PYTHON", "LC_", "OPENSSL", "CRYPTOGRAPHY")
 START_SECONDS = 120  # its imports, on a busy machine
-REPORT_BYTES = 256  # a waiter's "code cpu rss", whole: a longer datagram would be cut without a word
+REPORT_BYTES = 256  # a waiter's "code cpu rss" (about 35), with room: a longer datagram is cut without a word
 HANDLED = {"env", "cwd", "input", "stdin", "timeout", "text", "capture_output", "stdout", "stderr", "check"}
 FAB = str(Path(sys.executable).with_name("fab"))
 ENABLED = False  # tests/conftest.py turns it on; the benchmarks, which time fab, start each one anew
@@ -236,7 +236,7 @@ def serve(path: str, lifeline: int) -> dict | None:
     listener.listen(64)
     used = resource.getrusage(resource.RUSAGE_SELF)
     status = Path("/proc/self/status").read_text().splitlines()
-    files = next(line.split()[1] for line in status if line.startswith("RssFile:"))
+    files = next((line.split()[1] for line in status if line.startswith("RssFile:")), "0")  # 0: a kernel before 4.5
     print(f"ready {used.ru_utime + used.ru_stime} {files}", flush=True)
     while True:
         with contextlib.suppress(ChildProcessError):

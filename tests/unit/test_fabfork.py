@@ -92,8 +92,9 @@ def test_a_call_past_its_timeout_kills_the_child_and_raises_as_run_does(tmp_path
 
 
 def test_a_childs_usage_is_its_own_and_an_address_space_limit_reaches_it_forked_or_new(tmp_path):
-    """What test_bad_inputs.py bounds: a child's CPU-s and peak memory (the server's modules resident in it, as in a
-    new fab), the server's imports apart; and RLIMIT_AS, set in the child or, started anew, before fab runs."""
+    """What test_bad_inputs.py bounds: a child's CPU-s and peak resident KiB (what it inherited and touched), the
+    server's own (its imports, its resident code) apart; and RLIMIT_AS, set in the child or, started anew, before fab
+    runs."""
     command, env = [fabfork.FAB, "-r", str(REPO), "plan"], {**os.environ, "TPU_RL_RUNS": str(tmp_path / "runs")}
     planned = fabfork.run(command, env=env, capture_output=True, text=True, timeout=120)
     (cpu, rss), (start_cpu, start_files) = planned.usage, fabfork.start_usage()
