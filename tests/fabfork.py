@@ -120,7 +120,8 @@ class _Server:
         if not ready.startswith(b"ready "):
             self.stop()
             raise RuntimeError(f"the fab fork server did not start in {START_SECONDS} s: {ready!r}")
-        self.start_usage = float(ready.split()[1]), int(ready.split()[2])
+        _, cpu, files = ready.split()
+        self.start_usage = float(cpu), int(files)
         atexit.register(self.stop)
 
     def stop(self) -> None:
