@@ -97,6 +97,7 @@ POINTS = (
 )
 _at, _, _nth = (os.environ.get(ENV) or "").partition("@")
 _hits: dict[str, int] = {}
+os.register_at_fork(after_in_child=_hits.clear)  # a forked process counts its own hits, as a new one does
 
 
 def point(name: str) -> None:

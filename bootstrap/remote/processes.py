@@ -1,13 +1,16 @@
 """A process on the VM, known by its pid and the kernel's start time (a reused pid is another process): whether it
-still runs, waiting until one ends, and starting one detached that outlives whoever started it.
+still runs, waiting until one ends, and starting one detached that outlives whoever started it (anew, or as a copy).
 
 Standard library only: beside jobrunner.py and driver.py in the VM's tools folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
+import sys
 import time
 
 LAUNCH_WAIT_SECONDS = 60
@@ -68,9 +71,97 @@ def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH
         process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True, env=env
         )
+    return _await(process.pid, lambda: process.poll() is not None, err_path, offset, ready, what, wait)
+
+
+def fork(body, err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS):
+    """Run `body()` detached, as spawn starts a process, in a copy of this one: its modules already imported (a
+    new interpreter would import them again), its environment; its exit code is body's. Every descriptor the copy
+    got (a lock this process holds, the SSH channel) is /dev/null there, its number kept: an object of this
+    process that closes one in the copy closes nothing of the copy's. Only a single-threaded process may fork (a
+    thread's lock could stay held in the copy): None from a process with threads, which then spawns instead."""
+    if len(os.listdir("/proc/self/task")) > 1:  # Python's threads and any other
+        return None
+    for ended in [pid for pid in _forked if _ended(pid)]:  # the copies that ended are reaped: no zombies left
+        _forked.discard(ended)
+    offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
+    _flush()  # nothing this process buffered is written again by the copy
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _forked.clear()  # this process's copies are not the copy's children
+            _detach(err_path)
+            code = body() or 0
+        except SystemExit as end:
+            code = _exit_code(end)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:  # never back into this process's stack, whatever is raised meanwhile (a SIGTERM's handler)
+                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+                _flush()
+            finally:
+                os._exit(code & 0xFF if isinstance(code, int) else 1)
+    _forked.add(pid)
+    return _await(pid, lambda: _ended(pid), err_path, offset, ready, what, wait)
+
+
+_forked: set[int] = set()  # the copies this process made and has not reaped
+
+
+def _detach(err_path: str) -> None:
+    """The copy's own session, signal handlers and standard streams (stdin /dev/null, stdout and stderr appended to
+    `err_path`), as a new interpreter's; every other descriptor /dev/null."""
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(os.open(err_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), 1)
+    os.dup2(1, 2)
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2 and fd != null:
+            os.dup2(null, fd)
+    sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
+    for number in signal.valid_signals():  # the handlers this process set (a driver's SIGTERM): a new one's
+        handler = signal.getsignal(number)
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+
+
+def _exit_code(end: SystemExit) -> int:
+    """The code `sys.exit(code)` gives, its message printed as the interpreter prints it."""
+    if end.code is None or isinstance(end.code, int):
+        return end.code or 0
+    print(end.code, file=sys.stderr)
+    return 1
+
+
+def _ended(pid: int) -> bool:
+    """The forked `pid` ended (reaped by now, or by the kernel where this process ignores SIGCHLD)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream:
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+
+def _await(pid: int, ended, err_path: str, offset: int, ready, what: str, wait: float):
+    """`ready(pid)`'s first true answer; RuntimeError with what the process wrote to `err_path` since `offset`
+    when it `ended()` first or took over `wait` s."""
     deadline = time.monotonic() + wait
-    while not (answer := ready(process.pid)):
-        if process.poll() is not None or time.monotonic() > deadline:
+    while not (answer := ready(pid)):
+        if ended() or time.monotonic() > deadline:
+            if answer := ready(pid):  # it got ready, then ended, between the two looks
+                return answer
             with open(err_path, "rb") as f:
                 f.seek(offset)
                 text = f.read().decode(errors="replace").strip()

@@ -199,3 +199,16 @@ def test_the_points_are_inert_without_the_variable():
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True).stdout == b"on\n"
     killed = subprocess.run([sys.executable, "-c", code], env={**env, faults.ENV: "run.wrote-done@2"}, cwd=REPO)
     assert killed.returncode == -9
+
+
+def test_a_forked_process_counts_its_own_hits_as_a_new_one_does():
+    """NAME@2 is a process's second hit: a copy (start's driver is one) does not inherit the hit before it forked."""
+    code = (
+        "import os; from bootstrap.remote import faults; faults.point('run.wrote-done')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n    faults.point('run.wrote-done'); os._exit(0)\n"
+        "print(os.waitpid(pid, 0)[1])"
+    )
+    forked = subprocess.run([sys.executable, "-c", code], env={**os.environ, faults.ENV: "run.wrote-done@2"},
+                            cwd=REPO, capture_output=True, text=True)  # fmt: skip
+    assert forked.stdout == "0\n", forked.stderr

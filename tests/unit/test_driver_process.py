@@ -404,3 +404,74 @@ def test_a_plan_that_registers_no_preemptions_writes_nothing_in_the_users_home(t
     assert not list(home.rglob("*"))
     drive(tmp_path, plan(tmp_path, [("a", "true", [])]))
     assert (home / ".config" / "tpu-rl" / "state-dirs").read_text() == f"{tmp_path / 'state'}\n"
+
+
+def test_the_driver_start_starts_is_a_copy_of_it_that_keeps_none_of_its_descriptors(tmp_path):
+    """No new interpreter for the driver (0.1 s of every `fab train`): `start` forks it. The copy keeps nothing of
+    start's: start's output ends when start does (fab's SSH channel closes), another start is not held by its lock,
+    and what the copy prints goes to driver.err."""
+    layout, release = Layout(str(tmp_path / "state")), tmp_path / "release"
+    the_plan = plan(tmp_path, [("held", f"while [ ! -f {release} ]; do sleep 0.05; done", [])])
+    start = [sys.executable, driver.__file__, "start", layout.root]
+    try:
+        started = subprocess.run(start, input=json.dumps(the_plan), capture_output=True, text=True, timeout=60)
+        record = json.loads(started.stdout)["started"]
+        assert processes.alive(record)
+        assert Path(f"/proc/{record['pid']}/cmdline").read_bytes().split(b"\0")[2] == b"start"  # start's copy
+        held = {
+            int(fd): os.readlink(f"/proc/{record['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{record['pid']}/fd")
+        }
+        assert {held[0], held[1], held[2]} == {os.devnull, os.path.join(layout.pipeline, driver.DRIVER_ERR)}
+        kept = [name for name in held.values() if name.startswith("pipe:") or name.endswith(driver.START_LOCK)]
+        assert kept == [], held  # start's stdin, stdout and lock are /dev/null there
+        again = subprocess.run(start, input=json.dumps(the_plan), capture_output=True, text=True, timeout=60)
+        assert json.loads(again.stdout)["attached"]["pid"] == record["pid"]  # not held by the first start's lock
+        runner = wait_for(lambda: driver.read_json(str(tmp_path / "jobs" / "held" / jobrunner.RUNNER)), 30, "a runner")
+        assert Path(f"/proc/{runner['pid']}/cmdline").read_bytes().split(b"\0")[1] == driver.__file__.encode()
+        fds = f"/proc/{runner['pid']}/fd"  # the driver's copy holds none of the driver's: not the VM's lock
+        assert layout.lock not in {os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds)}
+    finally:
+        release.touch()
+    wait_for(lambda: _record(layout).get("state") == "done", 60, "the pass to end")
+
+
+def test_a_start_with_threads_spawns_the_driver_anew(tmp_path):
+    """A thread's lock could stay held in a copy: a process with threads starts the driver as a new interpreter."""
+    layout, stop = Layout(str(tmp_path / "state")), threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        _, answer = driver.start(layout, json.dumps(plan(tmp_path, [("a", "true", [])], register_preemptions=False)))
+    finally:
+        stop.set()
+        thread.join()
+    assert Path(f"/proc/{answer['started']['pid']}/cmdline").read_bytes().split(b"\0")[2] == b"run"
+    wait_for(lambda: _record(layout).get("state") == "done", 60, "the pass to end")
+    assert (tmp_path / "a.out").exists()
+
+
+def test_a_forked_body_starts_with_a_new_processs_signal_handlers(tmp_path):
+    """A runner forked from the driver must not end through the driver's SIGTERM handler (sys.exit)."""
+    script = (
+        "import signal, sys; sys.path.insert(0, sys.argv[1]); import processes\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "open(sys.argv[2], 'a').close(); said = lambda pid: open(sys.argv[2]).read().strip()\n"
+        "report = lambda: print(signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT).__name__)\n"
+        "print(processes.fork(report, sys.argv[2], said, 'the body', 30))\n"
+    )
+    remote, err = str(REPO / "bootstrap" / "remote"), str(tmp_path / "err")
+    told = subprocess.run([sys.executable, "-c", script, remote, err], capture_output=True, text=True, timeout=60)
+    assert told.stdout == f"{int(signal.SIG_DFL)} default_int_handler\n", told.stderr
+
+
+def test_a_forked_body_that_fails_says_why(tmp_path):
+    """Also where this process's sys.stderr writes elsewhere than its descriptor 2 (pytest's capture does)."""
+    script = (
+        "import sys, tempfile; sys.path.insert(0, sys.argv[1]); import processes; real = sys.stderr\n"
+        "sys.stderr = tempfile.TemporaryFile('w+')\n"
+        "try:\n    processes.fork(lambda: 1 / 0, sys.argv[2], lambda pid: None, 'the body', 30)\n"
+        "except RuntimeError as err:\n    print(err, file=real)\n"
+    )
+    remote, err = str(REPO / "bootstrap" / "remote"), str(tmp_path / "err")
+    failed = subprocess.run([sys.executable, "-c", script, remote, err], capture_output=True, text=True, timeout=60)
+    assert "the body did not start:" in failed.stderr and "ZeroDivisionError" in failed.stderr, failed.stderr
