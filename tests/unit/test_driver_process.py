@@ -450,6 +450,12 @@ def test_a_start_with_threads_spawns_the_driver_anew(tmp_path):
     assert (tmp_path / "a.out").exists()
 
 
+def _forking(script: str, err: Path) -> subprocess.CompletedProcess:
+    """`script` run with the tools folder as argv[1] and the copy's output file as argv[2]."""
+    argv = [sys.executable, "-c", script, str(REPO / "bootstrap" / "remote"), str(err)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
 def test_a_forked_body_starts_with_a_new_processs_signal_handlers(tmp_path):
     """A runner forked from the driver must not end through the driver's SIGTERM handler (sys.exit)."""
     script = (
@@ -459,8 +465,7 @@ def test_a_forked_body_starts_with_a_new_processs_signal_handlers(tmp_path):
         "report = lambda: print(signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT).__name__)\n"
         "print(processes.fork(report, sys.argv[2], said, 'the body', 30))\n"
     )
-    remote, err = str(REPO / "bootstrap" / "remote"), str(tmp_path / "err")
-    told = subprocess.run([sys.executable, "-c", script, remote, err], capture_output=True, text=True, timeout=60)
+    told = _forking(script, tmp_path / "err")
     assert told.stdout == f"{int(signal.SIG_DFL)} default_int_handler\n", told.stderr
 
 
@@ -472,6 +477,5 @@ def test_a_forked_body_that_fails_says_why(tmp_path):
         "try:\n    processes.fork(lambda: 1 / 0, sys.argv[2], lambda pid: None, 'the body', 30)\n"
         "except RuntimeError as err:\n    print(err, file=real)\n"
     )
-    remote, err = str(REPO / "bootstrap" / "remote"), str(tmp_path / "err")
-    failed = subprocess.run([sys.executable, "-c", script, remote, err], capture_output=True, text=True, timeout=60)
+    failed = _forking(script, tmp_path / "err")
     assert "the body did not start:" in failed.stderr and "ZeroDivisionError" in failed.stderr, failed.stderr
