@@ -284,21 +284,17 @@ def run(layout: Layout, autostop_only: bool = False) -> int:
         return Driver(layout, plan).run()
 
 
-def _spawn(layout: Layout, autostop_only: bool = False) -> dict:
-    """Start the driver detached and return its record once it has written one."""
-    argv = [sys.executable, os.path.abspath(__file__), "run", layout.root, *(["--autostop"] if autostop_only else [])]
-    env = read_json(_path(layout, ENVIRONMENT))  # the starting fab command's, whoever restarts it (the crontab)
-    ready = functools.partial(_record_of, layout)
-    return processes.spawn(argv, _path(layout, DRIVER_ERR), ready, "the pipeline driver", START_WAIT_SECONDS, env)
-
-
-def _fork(layout: Layout) -> dict:
-    """The driver started by `start`, a copy of it: in the environment `start` just kept, with its modules
-    imported (a new interpreter took 0.1 s of every `fab train`); spawned where `start` has threads."""
-    ready = functools.partial(_record_of, layout)
-    body = functools.partial(main, ["run", layout.root])
-    forked = processes.fork(body, _path(layout, DRIVER_ERR), ready, "the pipeline driver", START_WAIT_SECONDS)
-    return forked or _spawn(layout)
+def _spawn(layout: Layout, autostop_only: bool = False, fork: bool = False) -> dict:
+    """Start the driver detached and return its record once it has written one: a new interpreter, in the
+    environment of the fab command that started the plan (whoever restarts it: the crontab); with `fork` (start,
+    in that environment), a copy of this process, its modules imported (a new one took 0.1 s of every fab train)."""
+    command = ["run", layout.root, *(["--autostop"] if autostop_only else [])]
+    argv, err = [sys.executable, os.path.abspath(__file__), *command], _path(layout, DRIVER_ERR)
+    env, ready = read_json(_path(layout, ENVIRONMENT)), functools.partial(_record_of, layout)
+    if fork:
+        body = functools.partial(main, command)
+        return processes.start(body, argv, err, ready, "the pipeline driver", START_WAIT_SECONDS, env)
+    return processes.spawn(argv, err, ready, "the pipeline driver", START_WAIT_SECONDS, env)
 
 
 def _record_of(layout: Layout, pid: int) -> dict | None:
@@ -365,7 +361,7 @@ def start(layout: Layout, plan_text: str) -> tuple[int, dict]:
         faults.point("driver.kept-environment")
         if (plan.get("autostop") or {}).get("idle_seconds"):
             keep_reviving(layout)  # the VM shuts down even if this driver dies (OOM, reboot) with no fab to come
-        return 0, {"started": _fork(layout)}
+        return 0, {"started": _spawn(layout, fork=True)}
 
 
 def keep_run_plan(layout: Layout, plan: dict) -> None:

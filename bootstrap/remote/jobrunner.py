@@ -6,7 +6,7 @@ before any environment exists. It owns the folder layout (Layout), the job state
 launches jobs through its functions; a job's log is read through joblog.py; the laptop
 imports it for the names and uses these subcommands:
 
-    run JOB_DIR                   the detached runner itself (`launch` forks it, or starts it so)
+    run JOB_DIR                   the detached runner itself (`launch` forks it, or starts it anew)
     status JOB_DIR...             JSON state of each job
     copy-down GS_URL DIR          copy a folder of the bucket to DIR (what is there at its size is kept)
     trusted FOLDER [JOB_DIR]      before fab reads FOLDER again: it is the SSH user's alone (folders.py), and
@@ -493,9 +493,9 @@ def launch(job_dir: str, spec_text: str) -> dict:
     if os.path.exists(os.path.join(job_dir, RUNNER)):  # a dead runner's: wait below for the new one's
         os.remove(os.path.join(job_dir, RUNNER))
         faults.point("launch.removed-dead-runner")
-    err, ready = os.path.join(job_dir, RUNNER_ERR), lambda _: os.path.exists(os.path.join(job_dir, RUNNER))
-    if processes.fork(lambda: main(["run", job_dir]), err, ready, "the job runner") is None:  # a copy: no new Python
-        processes.spawn([sys.executable, os.path.abspath(__file__), "run", job_dir], err, ready, "the job runner")
+    argv = [sys.executable, os.path.abspath(__file__), "run", job_dir]
+    ready = lambda _: os.path.exists(os.path.join(job_dir, RUNNER))  # noqa: E731
+    processes.start(lambda: main(argv[2:]), argv, os.path.join(job_dir, RUNNER_ERR), ready, "the job runner")
     return job_state(job_dir)
 
 

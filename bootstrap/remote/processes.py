@@ -7,11 +7,13 @@ Standard library only: beside jobrunner.py and driver.py in the VM's tools folde
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
 import sys
 import time
+from typing import NoReturn
 
 LAUNCH_WAIT_SECONDS = 60
 
@@ -74,55 +76,81 @@ def spawn(argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH
     return _await(process.pid, lambda: process.poll() is not None, err_path, offset, ready, what, wait)
 
 
+def start(body, argv: list[str], err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS, env=None):
+    """`fork(body)`, or where this process has threads, `spawn(argv)` in `env`."""
+    forked = fork(body, err_path, ready, what, wait)
+    return forked if forked is not None else spawn(argv, err_path, ready, what, wait, env)
+
+
 def fork(body, err_path: str, ready, what: str, wait: float = LAUNCH_WAIT_SECONDS):
     """Run `body()` detached, as spawn starts a process, in a copy of this one: its modules already imported (a
-    new interpreter would import them again), its environment; its exit code is body's. Every descriptor the copy
-    got (a lock this process holds, the SSH channel) is /dev/null there, its number kept: an object of this
-    process that closes one in the copy closes nothing of the copy's. Only a single-threaded process may fork (a
-    thread's lock could stay held in the copy): None from a process with threads, which then spawns instead."""
+    new interpreter would import them again), its environment. In the copy, every descriptor of this one (a lock
+    it holds, the SSH channel) reads /dev/null under the same number, so that closing an inherited file object
+    there closes nothing the copy opened itself. Only a single-threaded process forks (another thread's lock
+    could stay held in the copy): None from one with threads."""
     if len(os.listdir("/proc/self/task")) > 1:  # Python's threads and any other
         return None
-    for ended in [pid for pid in _forked if _ended(pid)]:  # the copies that ended are reaped: no zombies left
-        _forked.discard(ended)
+    for pid in list(_forked):  # the copies that ended are reaped: no zombies left
+        _ended(pid)
     offset = os.path.getsize(err_path) if os.path.exists(err_path) else 0
+    null = _above_2(os.open(os.devnull, os.O_RDWR))
+    err = _above_2(os.open(err_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600))
     _flush()  # nothing this process buffered is written again by the copy
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            _forked.clear()  # this process's copies are not the copy's children
-            _detach(err_path)
-            code = body() or 0
-        except SystemExit as end:
-            code = _exit_code(end)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            try:  # never back into this process's stack, whatever is raised meanwhile (a SIGTERM's handler)
-                signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-                _flush()
-            finally:
-                os._exit(code & 0xFF if isinstance(code, int) else 1)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # no handler of ours in the copy
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _copy(body, null, err, blocked)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        os.close(null)
+        os.close(err)
     _forked.add(pid)
     return _await(pid, lambda: _ended(pid), err_path, offset, ready, what, wait)
+
+
+def _copy(body, null: int, err: int, blocked) -> NoReturn:
+    """The forked copy: detached, then body(); it ends with os._exit, never back in its original's stack."""
+    code = 1
+    try:
+        _forked.clear()  # the original's copies are not this one's children
+        _detach(null, err)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        code = body() or 0
+    except SystemExit as end:
+        code = _exit_code(end)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:  # the flush may be interrupted (a SIGTERM's handler): os._exit all the same
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            _flush()
+        finally:
+            os._exit(code & 0xFF if isinstance(code, int) else 1)
+
+
+def _above_2(fd: int) -> int:
+    """`fd` moved to 3 or above (this process may have 0, 1 or 2 closed), closed on exec."""
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
 
 
 _forked: set[int] = set()  # the copies this process made and has not reaped
 
 
-def _detach(err_path: str) -> None:
+def _detach(null: int, err: int) -> None:
     """The copy's own session, signal handlers and standard streams (stdin /dev/null, stdout and stderr appended to
-    `err_path`), as a new interpreter's; every other descriptor /dev/null."""
+    the err file), as a new interpreter's; every other descriptor /dev/null, not passed on to what it starts."""
     os.setsid()
-    null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
-    os.dup2(os.open(err_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), 1)
-    os.dup2(1, 2)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
     for fd in map(int, os.listdir("/proc/self/fd")):
-        if fd > 2 and fd != null:
-            os.dup2(null, fd)
+        if fd > 2 and fd != null:  # null is closed on exec already
+            os.dup2(null, fd, inheritable=False)
     sys.stdin, sys.stdout = open(0, closefd=False), open(1, "w", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)  # noqa: SIM115
     for number in signal.valid_signals():  # the handlers this process set (a driver's SIGTERM): a new one's
@@ -140,11 +168,14 @@ def _exit_code(end: SystemExit) -> int:
 
 
 def _ended(pid: int) -> bool:
-    """The forked `pid` ended (reaped by now, or by the kernel where this process ignores SIGCHLD)."""
+    """The forked `pid` ended, and is reaped (here, or by the kernel where this process ignores SIGCHLD)."""
     try:
-        return os.waitpid(pid, os.WNOHANG)[0] != 0
+        ended = os.waitpid(pid, os.WNOHANG)[0] != 0
     except ChildProcessError:
-        return True
+        ended = True
+    if ended:
+        _forked.discard(pid)  # its pid may be another child's later
+    return ended
 
 
 def _flush() -> None:

@@ -406,6 +406,11 @@ def test_a_plan_that_registers_no_preemptions_writes_nothing_in_the_users_home(t
     assert (home / ".config" / "tpu-rl" / "state-dirs").read_text() == f"{tmp_path / 'state'}\n"
 
 
+def _command(pid: int) -> list[bytes]:
+    """The command line `ps` shows for `pid`: a fork's is its original's."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+
+
 def test_the_driver_start_starts_is_a_copy_of_it_that_keeps_none_of_its_descriptors(tmp_path):
     """No new interpreter for the driver (0.1 s of every `fab train`): `start` forks it. The copy keeps nothing of
     start's: start's output ends when start does (fab's SSH channel closes), another start is not held by its lock,
@@ -417,7 +422,7 @@ def test_the_driver_start_starts_is_a_copy_of_it_that_keeps_none_of_its_descript
         started = subprocess.run(start, input=json.dumps(the_plan), capture_output=True, text=True, timeout=60)
         record = json.loads(started.stdout)["started"]
         assert processes.alive(record)
-        assert Path(f"/proc/{record['pid']}/cmdline").read_bytes().split(b"\0")[2] == b"start"  # start's copy
+        assert _command(record["pid"])[2] == b"start"  # start's copy
         held = {
             int(fd): os.readlink(f"/proc/{record['pid']}/fd/{fd}") for fd in os.listdir(f"/proc/{record['pid']}/fd")
         }
@@ -427,7 +432,7 @@ def test_the_driver_start_starts_is_a_copy_of_it_that_keeps_none_of_its_descript
         again = subprocess.run(start, input=json.dumps(the_plan), capture_output=True, text=True, timeout=60)
         assert json.loads(again.stdout)["attached"]["pid"] == record["pid"]  # not held by the first start's lock
         runner = wait_for(lambda: driver.read_json(str(tmp_path / "jobs" / "held" / jobrunner.RUNNER)), 30, "a runner")
-        assert Path(f"/proc/{runner['pid']}/cmdline").read_bytes().split(b"\0")[1] == driver.__file__.encode()
+        assert _command(runner["pid"])[1] == driver.__file__.encode()
         fds = f"/proc/{runner['pid']}/fd"  # the driver's copy holds none of the driver's: not the VM's lock
         assert layout.lock not in {os.readlink(f"{fds}/{fd}") for fd in os.listdir(fds)}
     finally:
@@ -445,7 +450,7 @@ def test_a_start_with_threads_spawns_the_driver_anew(tmp_path):
     finally:
         stop.set()
         thread.join()
-    assert Path(f"/proc/{answer['started']['pid']}/cmdline").read_bytes().split(b"\0")[2] == b"run"
+    assert _command(answer["started"]["pid"])[2] == b"run"
     wait_for(lambda: _record(layout).get("state") == "done", 60, "the pass to end")
     assert (tmp_path / "a.out").exists()
 
