@@ -4,8 +4,9 @@ A `fab` command spends 0.5-0.6 CPU-s importing Fabric, Invoke, Paramiko, rich, p
 its first argument: most of what a refused command costs, and the suite runs about 400 of them. Each process of the
 tests (an xdist worker) starts one server, `python tests/fabfork.py`, which imports them once, with the interpreter
 the `fab` script names. Each `run()` is then a child forked from it: its own process, with the call's argv,
-environment, working folder and standard streams, running the console script's `program.run()`; tpu-rl's modules,
-which read variables as they load, are imported in each child as in a new `fab`.
+environment, working folder and standard streams, running the console script's `program.run()`. The server also imports
+those of tpu-rl's modules that read no variable as they load (PRELOADED_TPU_RL), so it forks only a call of this
+tree's fab (`-r` this repository); the others read theirs, so each child imports them as a new `fab` would.
 
 What the child keeps from the server: what its packages read as they loaded (Python's and invoke's variables, the
 locale, the time zone, OpenSSL's), its umask and limits (but the address space a call gives), its hash seed, and its
@@ -34,14 +35,39 @@ import tempfile
 import threading
 from pathlib import Path
 
-# What `fab` imports before a task runs: the console script's module, then what the fabfile and the tasks use.
+# What `fab` imports before a task runs: the console script's module, then what the fabfile and the tasks use; then
+# tpu-rl's modules that a command imports and that read no variable and no folder as they load (test_fabfork.py
+# proves it), a third to a half of what a command spends in a child. The others read theirs (faults.py, the timeouts,
+# the console's width), so each child imports them as a new `fab` would.
 PRELOADED = ("fabric.main", "rich.console", "rich.table", "rich.progress", "pydantic", "pydantic.main", "yaml")
+PRELOADED_TPU_RL = tuple(
+    f"bootstrap.{module}"
+    for module in (
+        "jobs.spec",
+        "jobs.schedule",
+        "jobs.accelerator",
+        "jobs.yamlfile",
+        "results.runs",
+        "results.rates",
+        "results.goodput",
+        "results.prices",
+        "results.timing",
+        "remote.envcheck",
+        "remote.evals",
+        "vm.compute",
+        "vm.connect",
+        "vm.hostkeys",
+        "vm.progress",
+        "vm.startup",
+    )
+)
 READ_AT_START = ("LANG", "TZ", "INVOKE_DEBUG")  # and every variable with a prefix below
 READ_AT_START_PREFIXES = ("PYTHON", "LC_", "OPENSSL", "CRYPTOGRAPHY")
 START_SECONDS = 120  # its imports, on a busy machine
 REPORT_BYTES = 256  # a waiter's "code cpu rss" (about 35), with room: a longer datagram is cut without a word
 HANDLED = {"env", "cwd", "input", "stdin", "timeout", "text", "capture_output", "stdout", "stderr", "check"}
 FAB = str(Path(sys.executable).with_name("fab"))
+REPO = Path(__file__).resolve().parents[1]
 ENABLED = False  # tests/conftest.py turns it on; the benchmarks, which time fab, start each one anew
 
 
@@ -90,7 +116,16 @@ def _forkable(args: list[str], options: dict) -> bool:
     text_input = not isinstance(options.get("input"), str) or options.get("text")
     folder = options.get("cwd") is None or os.path.isdir(options["cwd"])  # run raises where it is not
     streams = bool(captured or piped or neither)
-    return str(args[0]) == FAB and HANDLED.issuperset(options) and streams and stdin and text_input and folder
+    fab = str(args[0]) == FAB and _this_trees(args, options.get("cwd"))
+    return fab and HANDLED.issuperset(options) and streams and stdin and text_input and folder
+
+
+def _this_trees(args: list[str], cwd: str | None) -> bool:
+    """Whether the fab command loads this tree's fabfile (the server's tpu-rl modules are this tree's): invoke looks
+    for it from `-r`'s folder, else the working folder, upwards."""
+    words = [str(arg) for arg in args]
+    start = words[words.index("-r") + 1] if "-r" in words[:-1] else cwd or os.getcwd()
+    return Path(start).resolve().is_relative_to(REPO)
 
 
 def _read_at_start(name: str) -> bool:
@@ -303,6 +338,10 @@ if __name__ == "__main__":
 
     sys.path[0] = str(Path(sys.executable).parent)  # the console script's folder, as for `fab` itself
     for module in PRELOADED:
+        importlib.import_module(module)
+    sys.path.insert(1, str(REPO))  # where `fab -r REPO` finds the fabfile and tpu-rl
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")  # as fabfile.py sets it before its imports
+    for module in PRELOADED_TPU_RL:
         importlib.import_module(module)
     assert threading.active_count() == 1, "a preloaded module started a thread: forking would copy it stopped"
     gc.freeze()  # what the children share stays shared

@@ -52,14 +52,51 @@ def test_each_child_takes_its_own_calls_environment_and_folder(tmp_path, monkeyp
     assert listed == [["run-first"], ["run-second"]] and fabfork.forks() == forks + 2
 
 
-def test_the_server_imports_no_tpu_rl_module_nor_a_client_that_reads_variables_as_it_loads():
-    """tpu-rl's modules (and the Hub's, Google's and Kubernetes' clients) read variables as they are imported: the
-    server must import none of them, or every child would see the server's values."""
-    preload = f"import importlib, sys; [importlib.import_module(m) for m in {fabfork.PRELOADED!r}]; print(*sys.modules)"
-    modules = subprocess.run([sys.executable, "-c", preload], capture_output=True, text=True, check=True).stdout.split()
-    assert "fabric.main" in modules and "pydantic" in modules
-    kept_out = ("bootstrap", "fabfile", "huggingface_hub", "google", "kubernetes", "tests")
-    assert not [m for m in modules if m.split(".")[0] in kept_out]
+# The server's imports, each variable and folder they read recorded: os.environ's reads and os.getcwd patched first.
+PRELOAD_PROBE = """
+import importlib, json, os, sys
+read, environ = [], type(os.environ)
+for name in ("__getitem__", "get", "__contains__", "__iter__"):
+    def recorded(self, *args, _name=name, _original=getattr(environ, name)):
+        read.append(args[0] if args else "every variable")
+        return _original(self, *args)
+    setattr(environ, name, recorded)
+getcwd = os.getcwd
+os.getcwd = lambda: read.append("the working folder") or getcwd()
+third_party, tpu_rl, repo = json.loads(sys.argv[1])
+[importlib.import_module(m) for m in third_party]
+read.clear()
+sys.path.insert(1, repo)
+os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+[importlib.import_module(m) for m in tpu_rl]
+print(json.dumps({"read": read, "modules": list(sys.modules)}))
+"""
+
+
+def test_the_server_imports_only_tpu_rl_modules_that_read_no_variable_nor_folder_as_they_load():
+    """A module the server imported is not imported again in a child: one that read a variable (faults.py's crash
+    point, a timeout, the console's width) or the working folder as it loaded would keep the server's value in every
+    child. The tpu-rl modules the server imports (and what they import) read neither; none is the Hub's, Google's or
+    Kubernetes' client, which read theirs."""
+    preloaded = [list(fabfork.PRELOADED), list(fabfork.PRELOADED_TPU_RL), str(REPO)]
+    probe = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE, json.dumps(preloaded)], capture_output=True, text=True, check=True
+    )
+    found = json.loads(probe.stdout)
+    assert "fabric.main" in found["modules"] and "bootstrap.jobs.spec" in found["modules"]
+    read = {name for name in found["read"] if not fabfork._read_at_start(name)} - {"PYDANTIC_DISABLE_PLUGINS"}
+    assert not read, f"read as they loaded: {sorted(read)}"
+    kept_out = ("huggingface_hub", "google", "kubernetes", "tests", "bootstrap.tasks", "bootstrap.remote.gcs")
+    assert not [m for m in found["modules"] if m == "fabfile" or m.startswith(kept_out)]
+
+
+@pytest.mark.parametrize("root", [True, False], ids=["-r", "the working folder"])
+def test_another_trees_fab_is_started_anew(root, tmp_path):
+    """The server's tpu-rl modules are this tree's: a fab that looks for its fabfile elsewhere is a new process."""
+    args, cwd = (["-r", str(tmp_path)], None) if root else ([], tmp_path)
+    forks = fabfork.forks()
+    shown = fabfork.run([fabfork.FAB, *args, "--list"], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert fabfork.forks() == forks and shown.returncode != 0 and "fabfile" in shown.stderr.lower()
 
 
 @pytest.mark.parametrize("variable", ["PYTHONPATH", "TZ"])
