@@ -5,8 +5,8 @@ its first argument: most of what a refused command costs, and the suite runs abo
 tests (an xdist worker) starts one server, `python tests/fabfork.py`, which imports them once, with the interpreter
 the `fab` script names. Each `run()` is then a child forked from it: its own process, with the call's argv,
 environment, working folder and standard streams, running the console script's `program.run()`. The server also imports
-those of tpu-rl's modules that read no variable as they load (PRELOADED_TPU_RL), so it forks only a call of this
-tree's fab (`-r` this repository); the others read theirs, so each child imports them as a new `fab` would.
+those of tpu-rl's modules that read no variable, folder or file as they load (PRELOADED_TPU_RL), so it forks only a
+fab that loads this tree's fabfile; the others read theirs, so each child imports them as a new `fab` would.
 
 What the child keeps from the server: what its packages read as they loaded (Python's and invoke's variables, the
 locale, the time zone, OpenSSL's), its umask and limits (but the address space a call gives), its hash seed, and its
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import locale
 import os
@@ -36,9 +37,9 @@ import threading
 from pathlib import Path
 
 # What `fab` imports before a task runs: the console script's module, then what the fabfile and the tasks use; then
-# tpu-rl's modules that a command imports and that read no variable and no folder as they load (test_fabfork.py
-# proves it), a third to a half of what a command spends in a child. The others read theirs (faults.py, the timeouts,
-# the console's width), so each child imports them as a new `fab` would.
+# tpu-rl's modules that commands import and that read no variable, folder or file and print nothing as they load
+# (test_fabfork.py proves it), a third to a half of what a command spends in a child. The others read theirs
+# (faults.py, the timeouts, the console's width), so each child imports them as a new `fab` would.
 PRELOADED = ("fabric.main", "rich.console", "rich.table", "rich.progress", "pydantic", "pydantic.main", "yaml")
 PRELOADED_TPU_RL = tuple(
     f"bootstrap.{module}"
@@ -61,7 +62,8 @@ PRELOADED_TPU_RL = tuple(
         "vm.startup",
     )
 )
-READ_AT_START = ("LANG", "TZ", "INVOKE_DEBUG")  # and every variable with a prefix below
+# and every variable with a prefix below; PYDANTIC_DISABLE_PLUGINS: read as the preloaded schemas were built
+READ_AT_START = ("LANG", "TZ", "INVOKE_DEBUG", "PYDANTIC_DISABLE_PLUGINS")
 READ_AT_START_PREFIXES = ("PYTHON", "LC_", "OPENSSL", "CRYPTOGRAPHY")
 START_SECONDS = 120  # its imports, on a busy machine
 REPORT_BYTES = 256  # a waiter's "code cpu rss" (about 35), with room: a longer datagram is cut without a word
@@ -120,12 +122,18 @@ def _forkable(args: list[str], options: dict) -> bool:
     return fab and HANDLED.issuperset(options) and streams and stdin and text_input and folder
 
 
-def _this_trees(args: list[str], cwd: str | None) -> bool:
+def _this_trees(args: list[str], cwd: str | Path | None) -> bool:
     """Whether the fab command loads this tree's fabfile (the server's tpu-rl modules are this tree's): invoke looks
-    for it from `-r`'s folder, else the working folder, upwards."""
-    words = [str(arg) for arg in args]
-    start = words[words.index("-r") + 1] if "-r" in words[:-1] else cwd or os.getcwd()
-    return Path(start).resolve().is_relative_to(REPO)
+    for it from the search root (-r, --search-root; relative to the working folder), else the working folder, up."""
+    start, words = Path(cwd or os.getcwd()), [str(arg) for arg in args[1:]]
+    for word, following in zip(words, [*words[1:], None], strict=True):
+        if word in ("-r", "--search-root") and following is not None:
+            start /= following
+            break
+        if word.startswith("--search-root="):
+            start /= word.split("=", 1)[1]
+            break
+    return start.resolve().is_relative_to(REPO)
 
 
 def _read_at_start(name: str) -> bool:
@@ -332,17 +340,26 @@ def _become(request: dict, fds: list[int]) -> dict:
     return request
 
 
-if __name__ == "__main__":
-    import gc
-    import importlib
-
-    sys.path[0] = str(Path(sys.executable).parent)  # the console script's folder, as for `fab` itself
+def preload_fab() -> None:
+    """The server's first imports: PRELOADED."""
     for module in PRELOADED:
         importlib.import_module(module)
-    sys.path.insert(1, str(REPO))  # where `fab -r REPO` finds the fabfile and tpu-rl
+
+
+def preload_tpu_rl() -> None:
+    """The server's next imports: PRELOADED_TPU_RL, found as `fab -r REPO` finds them."""
+    sys.path.insert(1, str(REPO))
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")  # as fabfile.py sets it before its imports
     for module in PRELOADED_TPU_RL:
         importlib.import_module(module)
+
+
+if __name__ == "__main__":
+    import gc
+
+    sys.path[0] = str(Path(sys.executable).parent)  # the console script's folder, as for `fab` itself
+    preload_fab()
+    preload_tpu_rl()
     assert threading.active_count() == 1, "a preloaded module started a thread: forking would copy it stopped"
     gc.freeze()  # what the children share stays shared
     _SIGINT_AT_START = signal.getsignal(signal.SIGINT)

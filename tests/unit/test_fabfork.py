@@ -52,10 +52,16 @@ def test_each_child_takes_its_own_calls_environment_and_folder(tmp_path, monkeyp
     assert listed == [["run-first"], ["run-second"]] and fabfork.forks() == forks + 2
 
 
-# The server's imports, each variable and folder they read recorded: os.environ's reads and os.getcwd patched first.
+# The server's imports, each variable, folder and file they read recorded: os.environ's reads and os.getcwd patched,
+# and every file opened that is not a module's code or its cached bytecode (written on a first import).
 PRELOAD_PROBE = """
-import importlib, json, os, sys
+import json, os, sys
 read, environ = [], type(os.environ)
+def opened(event, args):
+    code = isinstance(args[0], int) or str(args[0]).endswith((".py", ".pyc", ".so")) or "__pycache__" in str(args[0])
+    if event == "open" and not code:
+        read.append(f"the file {args[0]}")
+sys.addaudithook(opened)
 for name in ("__getitem__", "get", "__contains__", "__iter__"):
     def recorded(self, *args, _name=name, _original=getattr(environ, name)):
         read.append(args[0] if args else "every variable")
@@ -63,39 +69,41 @@ for name in ("__getitem__", "get", "__contains__", "__iter__"):
     setattr(environ, name, recorded)
 getcwd = os.getcwd
 os.getcwd = lambda: read.append("the working folder") or getcwd()
-third_party, tpu_rl, repo = json.loads(sys.argv[1])
-[importlib.import_module(m) for m in third_party]
+sys.path.insert(0, sys.argv[1])
+from tests import fabfork
+sys.path[0] = os.path.dirname(sys.executable)  # the server's, in place of its script's folder
+fabfork.preload_fab()
 read.clear()
-sys.path.insert(1, repo)
-os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
-[importlib.import_module(m) for m in tpu_rl]
+fabfork.preload_tpu_rl()
 print(json.dumps({"read": read, "modules": list(sys.modules)}))
 """
 
 
-def test_the_server_imports_only_tpu_rl_modules_that_read_no_variable_nor_folder_as_they_load():
+def test_the_server_imports_only_tpu_rl_modules_that_read_nothing_and_print_nothing_as_they_load():
     """A module the server imported is not imported again in a child: one that read a variable (faults.py's crash
-    point, a timeout, the console's width) or the working folder as it loaded would keep the server's value in every
-    child. The tpu-rl modules the server imports (and what they import) read neither; none is the Hub's, Google's or
-    Kubernetes' client, which read theirs."""
-    preloaded = [list(fabfork.PRELOADED), list(fabfork.PRELOADED_TPU_RL), str(REPO)]
+    point, a timeout, the console's width), the working folder or a file as it loaded would keep the server's value in
+    every child, and what it printed (a warning) a new fab prints and a child does not. The tpu-rl modules the server
+    imports (and what they import) do neither; none is the Hub's, Google's or Kubernetes' client, which read theirs."""
     probe = subprocess.run(
-        [sys.executable, "-c", PRELOAD_PROBE, json.dumps(preloaded)], capture_output=True, text=True, check=True
+        [sys.executable, "-I", "-c", PRELOAD_PROBE, str(REPO)], capture_output=True, text=True, check=True
     )
     found = json.loads(probe.stdout)
     assert "fabric.main" in found["modules"] and "bootstrap.jobs.spec" in found["modules"]
-    read = {name for name in found["read"] if not fabfork._read_at_start(name)} - {"PYDANTIC_DISABLE_PLUGINS"}
-    assert not read, f"read as they loaded: {sorted(read)}"
-    kept_out = ("huggingface_hub", "google", "kubernetes", "tests", "bootstrap.tasks", "bootstrap.remote.gcs")
+    read = {name for name in found["read"] if not fabfork._read_at_start(name)}
+    assert not read and not probe.stderr, f"read as they loaded: {sorted(read)}; printed: {probe.stderr}"
+    kept_out = ("huggingface_hub", "google", "kubernetes", "bootstrap.tasks", "bootstrap.remote.gcs")
     assert not [m for m in found["modules"] if m == "fabfile" or m.startswith(kept_out)]
 
 
-@pytest.mark.parametrize("root", [True, False], ids=["-r", "the working folder"])
+@pytest.mark.parametrize(
+    "root", [["-r", "TMP"], ["--search-root", "TMP"], ["--search-root=TMP"], ["-r", "."], []], ids=str
+)
 def test_another_trees_fab_is_started_anew(root, tmp_path):
-    """The server's tpu-rl modules are this tree's: a fab that looks for its fabfile elsewhere is a new process."""
-    args, cwd = (["-r", str(tmp_path)], None) if root else ([], tmp_path)
+    """The server's tpu-rl modules are this tree's: a fab that looks for its fabfile elsewhere (its search root, given
+    whole or relative to its working folder, or that folder) is a new process."""
+    args = [word.replace("TMP", str(tmp_path)) for word in root]
     forks = fabfork.forks()
-    shown = fabfork.run([fabfork.FAB, *args, "--list"], cwd=cwd, capture_output=True, text=True, timeout=120)
+    shown = fabfork.run([fabfork.FAB, *args, "--list"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert fabfork.forks() == forks and shown.returncode != 0 and "fabfile" in shown.stderr.lower()
 
 
