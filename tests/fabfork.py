@@ -123,17 +123,14 @@ def _forkable(args: list[str], options: dict) -> bool:
 
 
 def _this_trees(args: list[str], cwd: str | Path | None) -> bool:
-    """Whether the fab command loads this tree's fabfile (the server's tpu-rl modules are this tree's): invoke looks
-    for it from the search root (-r, --search-root; relative to the working folder), else the working folder, up."""
-    start, words = Path(cwd or os.getcwd()), [str(arg) for arg in args[1:]]
-    for word, following in zip(words, [*words[1:], None], strict=True):
-        if word in ("-r", "--search-root") and following is not None:
-            start /= following
-            break
-        if word.startswith("--search-root="):
-            start /= word.split("=", 1)[1]
-            break
-    return start.resolve().is_relative_to(REPO)
+    """Whether the fab command surely loads this tree's fabfile (the server's tpu-rl modules are this tree's): `-r`
+    first, naming a folder in it (relative to the working folder), or no search root and a working folder in it.
+    Another way to name a search root (--search-root, -r=X, -dr X) starts fab anew."""
+    here, words = Path(cwd or os.getcwd()), [str(arg) for arg in args[1:]]
+    if words[:1] == ["-r"] and len(words) > 1:
+        here, words = here / words[1], words[2:]
+    other_root = [w for w in words if w.startswith("--search-root") or (w[:1] == "-" and w[1:2] != "-" and "r" in w)]
+    return not other_root and here.resolve().is_relative_to(REPO)
 
 
 def _read_at_start(name: str) -> bool:

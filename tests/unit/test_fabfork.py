@@ -96,7 +96,9 @@ def test_the_server_imports_only_tpu_rl_modules_that_read_nothing_and_print_noth
 
 
 @pytest.mark.parametrize(
-    "root", [["-r", "TMP"], ["--search-root", "TMP"], ["--search-root=TMP"], ["-r", "."], []], ids=str
+    "root",
+    [["-r", "TMP"], ["--search-root", "TMP"], ["--search-root=TMP"], ["-r=TMP"], ["-dr", "TMP"], ["-r", "."], []],
+    ids=str,
 )
 def test_another_trees_fab_is_started_anew(root, tmp_path):
     """The server's tpu-rl modules are this tree's: a fab that looks for its fabfile elsewhere (its search root, given
